@@ -1,0 +1,71 @@
+"""The dispatch point of the Trellis GEMM: y = x @ W for an ``Exl3Weight``.
+
+Models call ``trellis_matmul`` and nothing else; it picks the backend (the jax.numpy reference,
+or a GPU kernel from ``exl3_jax.ffi`` when one is available) at trace time.
+
+Backend choice, in order: the ``backend=`` argument, the ``EXL3_JAX_BACKEND`` environment variable
+("auto", "reference", "gpu"), then "auto" (the GPU kernel on a CUDA device, else the reference).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from ..trellis import Exl3Weight, linear_reference
+
+BACKENDS = ("auto", "reference", "gpu")
+BACKEND_ENV = "EXL3_JAX_BACKEND"
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """'reference' or 'gpu' for this call (decided at trace time, from static information)."""
+    choice = backend or os.environ.get(BACKEND_ENV, "auto") or "auto"
+    if choice not in BACKENDS:
+        raise ValueError(f"unknown backend {choice!r} (from "
+                         f"{'argument' if backend else BACKEND_ENV}); use one of {BACKENDS}")
+    if choice == "auto":
+        return "gpu" if jax.default_backend() == "gpu" and gpu_kernels_available() else "reference"
+    return choice
+
+
+def gpu_kernels_available() -> bool:
+    """True when the CuTe DSL Trellis GEMM can be used in this process."""
+    try:
+        from ..ffi import trellis_gemm  # noqa: F401  (provided by the GPU kernel work)
+    except ImportError:
+        return False
+    return trellis_gemm.available()
+
+
+def pad_input(x, k: int):
+    """Zero-extend the last axis of x to the padded in_features k (exact: padded rows see 0)."""
+    d = x.shape[-1]
+    if d > k:
+        raise ValueError(f"input last axis {d} exceeds the weight's padded in_features {k}")
+    if d == k:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, k - d)])
+
+
+def trellis_matmul(x, weight: Exl3Weight, *, backend: str | None = None):
+    """y = x @ W (+ bias) for one EXL3 linear, output trimmed to its logical out_features.
+
+    Args:
+      x: float [..., d] with in_features <= d <= k (narrower inputs are zero-extended).
+      weight: an ``Exl3Weight`` without stack axes.
+    Returns:
+      float32 [..., out_features] (callers cast to their activation dtype).
+    """
+    if weight.stack_shape:
+        raise ValueError(f"trellis_matmul takes one linear; got stack axes {weight.stack_shape}")
+    x = pad_input(x, weight.k)
+    if resolve_backend(backend) == "gpu":
+        from ..ffi import trellis_gemm
+        y = trellis_gemm.trellis_matmul_gpu(x, weight)
+    else:
+        y = linear_reference(x, weight.trellis, weight.suh, weight.svh, weight.codebook,
+                             weight.bias)
+    return y[..., :weight.out_features]

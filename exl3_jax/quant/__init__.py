@@ -1,0 +1,1 @@
+"""The EXL3 encoder: Viterbi trellis quantizer, regularisation, LDLQ, converters."""

@@ -1,0 +1,69 @@
+"""The three EXL3 codebooks: a 16-bit trellis state -> one float16 weight (spec section 3).
+
+All integer arithmetic is uint32 modulo 2^32; the only float rounding is one round-to-nearest-even
+to float16, which the fp32 emulations below reproduce bit-exactly (spec 3.1, 3.3).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..format.spec import CODEBOOKS, MCG_MULTIPLIER, MUL1_MULTIPLIER
+
+THREEINST_MULTIPLIER = 89226354
+THREEINST_ADDEND = 64248484
+LOP3_AND = 0x8FFF8FFF          # forces each fp16 half's exponent into 0b011xx
+LOP3_XOR = 0x3B603B60
+MUL1_K_INV = np.float16(np.uint16(0x1EEE).view(np.float16))     # 1774 * 2^-18
+MUL1_K_BIAS = np.float16(np.uint16(0xC931).view(np.float16))    # -1329 * 2^-7
+
+
+def check_codebook(codebook: str) -> str:
+    if codebook not in CODEBOOKS:
+        raise ValueError(f"unknown codebook {codebook!r}; expected one of {CODEBOOKS}")
+    return codebook
+
+
+def _u32(value: int):
+    return np.uint32(value)
+
+
+def _two_halves_sum(x):
+    """fp16(lo16) + fp16(hi16) rounded once to fp16 (exact via fp32, spec 3.1)."""
+    lo = lax.bitcast_convert_type((x & _u32(0xFFFF)).astype(jnp.uint16), jnp.float16)
+    hi = lax.bitcast_convert_type((x >> _u32(16)).astype(jnp.uint16), jnp.float16)
+    return (lo.astype(jnp.float32) + hi.astype(jnp.float32)).astype(jnp.float16)
+
+
+def decode_states(states, codebook: str):
+    """Decode 16-bit trellis states to weights.
+
+    Args:
+      states: integer array [...] (only the low 16 bits are used).
+      codebook: "3inst", "mcg" or "mul1".
+    Returns:
+      float16 [...], bit-exact with exllamav3's decoders.
+    """
+    check_codebook(codebook)
+    s = jnp.asarray(states).astype(jnp.uint32) & _u32(0xFFFF)
+    if codebook == "mul1":
+        x = s * _u32(MUL1_MULTIPLIER)
+        byte_sum = ((x & _u32(0xFF)) + ((x >> _u32(8)) & _u32(0xFF))
+                    + ((x >> _u32(16)) & _u32(0xFF)) + (x >> _u32(24)))
+        h = (byte_sum + _u32(1024)).astype(jnp.float32)       # fp16(0x6400 + s) = 1024 + s
+        # h * k_inv has <= 22 significant bits and the sum is a multiple of 2^-18 below 2^4,
+        # so both fp32 steps are exact and the one fp16 rounding equals the kernel's fp16 FMA.
+        return (h * np.float32(MUL1_K_INV) + np.float32(MUL1_K_BIAS)).astype(jnp.float16)
+    if codebook == "mcg":
+        x = s * _u32(MCG_MULTIPLIER)
+    else:
+        x = s * _u32(THREEINST_MULTIPLIER) + _u32(THREEINST_ADDEND)
+    x = (x & _u32(LOP3_AND)) ^ _u32(LOP3_XOR)
+    return _two_halves_sum(x)
+
+
+def codebook_table(codebook: str):
+    """All 65,536 decoded values of a codebook, float16 [65536] (index = state)."""
+    return decode_states(jnp.arange(1 << 16, dtype=jnp.uint32), codebook)

@@ -1,0 +1,1 @@
+"""Flax model graphs per architecture (installed as ``exl3_jax.models``)."""
