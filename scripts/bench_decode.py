@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -54,6 +55,7 @@ def main():
     w_dec, med_dec, min_dec = time_fn(dec, (trellis, a.codebook), a.repeats)
     w_deq, med_deq, min_deq = time_fn(deq, (trellis, suh, svh, a.codebook), a.repeats)
     print(json.dumps({
+        "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(), "backend": jax.default_backend(),
         "device": str(jax.devices()[0].device_kind), "cpus": os.cpu_count(),
         "python": platform.python_version(), "jax": jax.__version__,

@@ -87,6 +87,19 @@ class Exl3Weight:
         return cls(trellis=trellis, suh=suh, svh=svh, bias=bias, codebook=info.codebook,
                    K=info.K, in_features=in_features, out_features=out_features)
 
+    @classmethod
+    def from_checkpoint(cls, ckpt, key: str, *, in_features: int | None = None,
+                        out_features: int | None = None, as_jax: bool = True) -> "Exl3Weight":
+        """Load one EXL3 linear of an ``exl3_jax.format.Exl3Checkpoint`` (native tensors, no
+        repacking; legacy su/sv already expanded by the reader)."""
+        arrays = ckpt.read_linear(key)
+        if as_jax:
+            import jax.numpy as jnp
+            arrays = {k: (None if v is None else jnp.asarray(v)) for k, v in arrays.items()}
+        return cls.create(arrays["trellis"], arrays["suh"], arrays["svh"],
+                          ckpt.linears[key].codebook, arrays["bias"], in_features=in_features,
+                          out_features=out_features)
+
 
 def _desc(x, trailing: int) -> spec.TensorDesc:
     """Descriptor of the per-linear part of ``x``: its last ``trailing`` axes."""

@@ -1,0 +1,29 @@
+"""The exl3-jax command line: inspect on a checkpoint the test writes, and its error path."""
+
+import numpy as np
+
+from exl3_jax.cli import main
+from exl3_jax.format import Exl3Writer
+
+
+def test_inspect_prints_table_and_totals(tmp_path, rng, capsys):
+    out = tmp_path / "m"
+    with Exl3Writer(out, {"architectures": ["LlamaForCausalLM"]}) as w:
+        w.add_linear("model.layers.0.mlp.down_proj",
+                     rng.integers(-32768, 32768, (16, 8, 48), dtype=np.int16),
+                     np.ones(256, np.float16), np.ones(128, np.float16), "mul1")
+        w.add_tensor("model.norm.weight", np.ones(128, np.float32))
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "model.layers.0.mlp.down_proj" in text and "mul1" in text and "256 x 128" in text
+    # 256*128 weights at 3 bits = 12288 trellis bytes, plus 2*(256+128) for suh/svh, +4 marker
+    bpw = 8 * (12288 + 2 * 384 + 4) / (256 * 128)
+    assert f"{bpw:.3f} bits per weight" in text
+    assert "1 plain tensors" in text
+
+
+def test_inspect_reports_bad_checkpoint(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"quantization_config": {"quant_method": "awq"}}')
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown quant_method 'awq'" in err and "config.json" in err
