@@ -49,6 +49,7 @@ class Exl3Writer:
         self.max_shard_bytes = max_shard_bytes
         self._stage = Path(tempfile.mkdtemp(prefix=f".{self.directory.name}.partial-",
                                             dir=self.directory.parent))
+        os.chmod(self._stage, 0o755)    # mkdtemp makes 0700; the result is an ordinary directory
         self._pending: dict[str, np.ndarray] = {}
         self._pending_bytes = 0
         self._shards: list[tuple[str, list[str]]] = []     # (temp file name, tensor names)
