@@ -1,0 +1,138 @@
+"""Grouped-query attention over a static KV cache.
+
+The cache is a plain pytree (``KVCache``) of fixed size S: every call writes its T new key/value
+rows at slot ``cache.slot`` (the same for every sequence in the batch; prompts are left-padded)
+and attends over all S slots under a mask, so shapes never change between decode steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .rope import RopeConfig, apply_rope
+
+_NEG = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Static-size KV cache of a whole model.
+
+    Leaves:
+      k, v: tuples (one per layer) of [B, S, Hkv, D] in the activation dtype.
+      valid: bool [B, S]; slot s holds a real (not padding) token of row b.
+      pos: int32 [B]; RoPE position of the next real token of each row.
+      slot: int32 []; next slot to write (shared by all rows).
+    """
+    k: Any
+    v: Any
+    valid: Any
+    pos: Any
+    slot: Any
+
+    @property
+    def size(self) -> int:
+        return int(self.valid.shape[1])
+
+    @property
+    def batch(self) -> int:
+        return int(self.valid.shape[0])
+
+
+def init_cache(num_layers: int, batch: int, size: int, num_kv_heads: int, head_dim: int,
+               dtype) -> KVCache:
+    """An empty cache: zeros, nothing valid, positions and slot at 0."""
+    shape = (batch, size, num_kv_heads, head_dim)
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   valid=jnp.zeros((batch, size), bool), pos=jnp.zeros((batch,), jnp.int32),
+                   slot=jnp.zeros((), jnp.int32))
+
+
+def advance(cache: KVCache, token_valid):
+    """Positions, mask and the updated bookkeeping for T new tokens (before the layers run).
+
+    Args:
+      cache: the cache before this call.
+      token_valid: bool [B, T]; False for left padding.
+    Returns:
+      (positions int32 [B, T], mask bool [B, T, S], the cache with valid/pos/slot advanced).
+      The layers write their k/v at the old ``cache.slot``. The caller guarantees room:
+      slot + T <= S (``lax.dynamic_update_slice`` would silently clamp otherwise).
+    """
+    B, T = token_valid.shape
+    S = cache.size
+    tv = token_valid.astype(jnp.int32)
+    positions = cache.pos[:, None] + jnp.cumsum(tv, axis=1) - 1
+    positions = jnp.maximum(positions, 0)
+    valid = jax.lax.dynamic_update_slice(cache.valid, token_valid.astype(bool), (0, cache.slot))
+    q_slot = cache.slot + jnp.arange(T)                                   # [T]
+    k_slot = jnp.arange(S)                                                # [S]
+    causal = k_slot[None, :] <= q_slot[:, None]                           # [T, S]
+    self_slot = k_slot[None, :] == q_slot[:, None]
+    mask = causal[None] & (valid[:, None, :] | self_slot[None])           # [B, T, S]
+    new = dataclasses.replace(cache, valid=valid, pos=cache.pos + tv.sum(axis=1),
+                              slot=cache.slot + T)
+    return positions, mask, new
+
+
+def gqa_attention(q, k, v, mask, scale: float):
+    """Softmax attention with grouped KV heads, fp32 math.
+
+    Args:
+      q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] (Hq a multiple of Hkv); mask: bool [B, T, S].
+    Returns:
+      float32 [B, T, Hq, D].
+    """
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.astype(jnp.float32).reshape(B, T, Hkv, Hq // Hkv, D)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST) * scale
+    s = jnp.where(mask[:, None, None], s, _NEG)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST)
+    return o.reshape(B, T, Hq, D)
+
+
+class Attention(nnx.Module):
+    """q/k/v/o projections (Exl3Linear or Linear), optional per-head q/k RMSNorm (Qwen3, GLM),
+    RoPE, GQA over the static cache."""
+
+    def __init__(self, q_proj, k_proj, v_proj, o_proj, *, num_heads: int, num_kv_heads: int,
+                 head_dim: int, rope: RopeConfig, q_norm=None, k_norm=None):
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads {num_heads} is not a multiple of "
+                             f"num_key_value_heads {num_kv_heads}")
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.q_norm = q_norm
+        self.k_norm = k_norm
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rope = rope
+
+    def __call__(self, x, positions, mask, k_cache, v_cache, write_slot):
+        """x [B, T, H]; positions int32 [B, T]; mask bool [B, T, S]; k_cache/v_cache
+        [B, S, Hkv, D]; write_slot int32 [] -> (out [B, T, H], k_cache, v_cache)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).reshape(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rope(q, positions, self.rope)
+        k = apply_rope(k, positions, self.rope)
+        zero = jnp.zeros((), jnp.int32)
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
+                                               (zero, write_slot, zero, zero))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
+                                               (zero, write_slot, zero, zero))
+        o = gqa_attention(q, k_cache, v_cache, mask, self.head_dim ** -0.5).astype(x.dtype)
+        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim)), k_cache, v_cache

@@ -1,0 +1,135 @@
+"""Sparse MoE block: router, routed SwiGLU experts, optional shared experts.
+
+Routers (all math in fp32, spec 5.2):
+* ``"softmax"`` (Qwen3-MoE, Mixtral): p = softmax(logits) over all experts, top-k of p, optionally
+  renormalised to sum 1 (Mixtral always; Qwen3-MoE when norm_topk_prob). Equivalent to exllamav3's
+  ``std`` router (softmax over the selected logits) when renormalised.
+* ``"sigmoid"`` (GLM-4-MoE, exllamav3 ``dots``): s = sigmoid(logits); experts picked by top-k of
+  s + e_score_correction_bias; weights are the unbiased s of the picked experts, optionally
+  normalised to sum 1 (+1e-20), times routed_scaling_factor. No group limiting.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..ops.moe import combine_matrix, moe_experts
+from ..trellis import Exl3Weight
+from .linear import dequantize_weight
+from .numerics import fp16_operand
+
+ROUTERS = ("softmax", "sigmoid")
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def route_softmax_topk(logits, top_k: int, renormalize: bool):
+    """logits float [T, E] -> (ids int32 [T, top_k], weights float32 [T, top_k])."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    w, ids = jax.lax.top_k(probs, top_k)
+    if renormalize:
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    return ids.astype(jnp.int32), w
+
+
+def route_sigmoid_topk(logits, bias, top_k: int, renormalize: bool, scaling: float):
+    """GLM-4-MoE / "dots" router.
+
+    logits float [T, E], bias [E] or None -> (ids int32 [T, k], weights float32 [T, k])."""
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    choice = scores if bias is None else scores + bias.astype(jnp.float32)
+    _, ids = jax.lax.top_k(choice, top_k)
+    w = jnp.take_along_axis(scores, ids, axis=-1)
+    if renormalize:
+        w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
+    return ids.astype(jnp.int32), w * scaling
+
+
+class Exl3Experts(nnx.Module):
+    """Stacked EXL3 experts: gate/up/down Exl3Weight with a leading expert axis [E]."""
+
+    def __init__(self, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight):
+        for name, w in (("gate", gate), ("up", up), ("down", down)):
+            if len(w.stack_shape) != 1:
+                raise ValueError(f"{name} experts need one leading expert axis, got "
+                                 f"{w.stack_shape}")
+        self.gate, self.up, self.down = nnx.data(gate), nnx.data(up), nnx.data(down)
+        self.dense = nnx.data(None)
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate.stack_shape[0]
+
+    def cache_dequantized(self) -> None:
+        self.dense = nnx.data(tuple(dequantize_weight(w) for w in (self.gate, self.up,
+                                                                     self.down)))
+
+    def __call__(self, x, ids, weights):
+        """x [T, H] -> float32 [T, H] (routed sum)."""
+        if x.dtype == jnp.float32 or self.dense is not None:
+            return moe_experts(x, ids, weights, self.gate, self.up, self.down, dense=self.dense)
+        x16, scale = fp16_operand(x)
+        return moe_experts(x16, ids, weights, self.gate, self.up, self.down, x_scale=scale)
+
+
+class PlainExperts(nnx.Module):
+    """Unquantized stacked experts (HF-layout reference models): w [E, in, out]."""
+
+    def __init__(self, gate, up, down):
+        self.gate, self.up, self.down = nnx.Param(gate), nnx.Param(up), nnx.Param(down)
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.gate.shape[0])
+
+    def __call__(self, x, ids, weights):
+        xf = x.astype(jnp.float32)
+        g = jnp.einsum("th,ehi->eti", xf, self.gate[...].astype(jnp.float32), precision=_HIGHEST)
+        u = jnp.einsum("th,ehi->eti", xf, self.up[...].astype(jnp.float32), precision=_HIGHEST)
+        y = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, self.down[...].astype(jnp.float32),
+                       precision=_HIGHEST)
+        return jnp.einsum("te,eth->th", combine_matrix(ids, weights, self.num_experts), y,
+                          precision=_HIGHEST)
+
+
+class MoEBlock(nnx.Module):
+    """router (plain Linear hidden -> E) + routed experts (+ shared experts MLP)."""
+
+    def __init__(self, router, experts, *, top_k: int, router_kind: str, renormalize: bool,
+                 routed_scaling_factor: float = 1.0, score_bias=None, shared=None):
+        if router_kind not in ROUTERS:
+            raise ValueError(f"unknown router kind {router_kind!r}; use one of {ROUTERS}")
+        if not 0 < top_k <= experts.num_experts:
+            raise ValueError(f"num_experts_per_tok {top_k} not in [1, {experts.num_experts}]")
+        if router.out_features != experts.num_experts:
+            raise ValueError(f"router has {router.out_features} outputs for "
+                             f"{experts.num_experts} experts")
+        self.router, self.experts, self.shared = router, experts, shared
+        self.top_k, self.router_kind, self.renormalize = top_k, router_kind, renormalize
+        self.routed_scaling_factor = float(routed_scaling_factor)
+        self.score_bias = nnx.Param(jnp.asarray(score_bias)) if score_bias is not None \
+            else nnx.data(None)
+
+    def route(self, x):
+        """x [T, H] -> (ids int32 [T, k], weights float32 [T, k])."""
+        logits = self.router.forward_f32(x)
+        if self.router_kind == "softmax":
+            return route_softmax_topk(logits, self.top_k, self.renormalize)
+        bias = None if self.score_bias is None else self.score_bias[...]
+        return route_sigmoid_topk(logits, bias, self.top_k, self.renormalize,
+                                  self.routed_scaling_factor)
+
+    def __call__(self, x):
+        """x [..., H] -> [..., H] in x's dtype."""
+        lead = x.shape[:-1]
+        xt = x.reshape(-1, x.shape[-1])
+        ids, w = self.route(xt)
+        y = self.experts(xt, ids, w)
+        if self.shared is not None:
+            y = y + self.shared(xt).astype(jnp.float32)
+        return y.astype(x.dtype).reshape(*lead, -1)
+
+
+__all__ = ["ROUTERS", "Exl3Experts", "MoEBlock", "PlainExperts", "route_sigmoid_topk",
+           "route_softmax_topk"]
