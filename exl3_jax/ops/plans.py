@@ -1,0 +1,100 @@
+"""Static launch plans of the GPU Trellis GEMM, picked at trace time from shapes only.
+
+A plan depends on (m, k, n, K, codebook) and the device's SM count, all static under jit, so a
+jit-compiled decode loop (fixed m per step) never recompiles. Pure Python: importable and testable
+without a GPU or cutlass.
+
+Plan kinds:
+  * "decode"  (m <= DECODE_MAX_M): the decode+MMA kernel with one CTA token tile covering all m
+    rows (m_tile = m rounded up to 8), so every weight tile is decoded exactly once.
+  * "prefill" (m > DECODE_MAX_M): the dequantize kernel writes W_hat^T (fp16) and XLA runs the
+    GEMM. Chosen over the MMA kernel with more token tiles because that kernel re-decodes the
+    weights once per 32 tokens; the crossover is to be re-measured on the H200 (bench/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DECODE_MAX_M = 32
+DEFAULT_SMS = 132          # H200
+PLAN_KINDS = ("decode", "prefill")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrellisPlan:
+    kind: str                  # "decode" | "prefill"
+    m: int                     # valid rows
+    # decode (MMA kernel) parameters
+    m_tile: int = 0
+    n_tiles: int = 0
+    warps: int = 0
+    splits: int = 0
+    unroll: int = 0
+    # prefill (dequantize kernel) parameters
+    dq_warps: int = 0
+    dq_k_tiles: int = 0
+
+
+def _divisors(x: int) -> list[int]:
+    return [d for d in range(1, x + 1) if x % d == 0]
+
+
+def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
+    """MMA-kernel plan for 1 <= m <= 32."""
+    if not 1 <= m <= DECODE_MAX_M:
+        raise ValueError(f"decode plan needs 1 <= m <= {DECODE_MAX_M}, got {m}")
+    k16, n16 = k // 16, n // 16
+    m_tile = -(-m // 8) * 8
+    n_tiles = 2 if n16 % 2 == 0 else 1
+    warps = 8 if k16 >= 16 else k16 // 2       # k = 128 has only 8 k16 tiles
+    ctas = n16 // n_tiles
+    # Enough CTAs for ~4 resident per SM (32 warps/SM hide the global-load latency), but keep
+    # >= 2 k16 tiles per warp per split and few splits (each adds an fp32 [m, n] partial).
+    target = 4 * sms
+    splits = 1
+    for s in _divisors(k16):
+        if s > 16 or k16 // s < 2 * warps:
+            break
+        splits = s
+        if ctas * s >= target:
+            break
+    # Loads of `unroll` k16 steps are issued together (memory-level parallelism); it must divide
+    # each warp's share of the split.
+    # Measured on the H200 (bench/NOTES.md): 8 steps per chunk is best with one token group,
+    # fewer with more groups (more live registers per step).
+    per_warp = k16 // splits // warps
+    want = {8: 8, 16: 2}.get(m_tile, 1)
+    unroll = next(u for u in (8, 4, 2, 1) if u <= want and per_warp % u == 0)
+    return TrellisPlan("decode", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps, splits=splits,
+                       unroll=unroll)
+
+
+def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
+    """Dequantize + XLA dot plan (any m; used for m > 32)."""
+    k16 = k // 16
+    # One tile per warp measured fastest for the dequantize kernel (74 vs 113 us with 4 at
+    # 4096x14336 on the H200): more, shorter-lived warps hide the load latency better.
+    warps, k_tiles = 8, 1
+    while k16 % (warps * k_tiles):
+        if k_tiles > 1:
+            k_tiles //= 2
+        else:
+            warps //= 2
+    return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
+
+
+def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
+                force: str | None = None) -> TrellisPlan:
+    """The plan for an [m, k] @ [k, n] Trellis GEMM. ``force`` picks a kind ("decode" only
+    valid for m <= 32)."""
+    if m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    if k % 128 or n % 128:
+        raise ValueError(f"k={k}, n={n} must be multiples of 128")
+    kind = force or ("decode" if m <= DECODE_MAX_M else "prefill")
+    if kind not in PLAN_KINDS:
+        raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+    if kind == "decode":
+        return decode_plan(m, k, n, sms=sms)
+    return prefill_plan(m, k, n, sms=sms)

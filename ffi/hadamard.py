@@ -1,0 +1,103 @@
+"""Hadamard-128 transform kernels around the Trellis GEMM (one warp per 128-element block).
+
+    input:   xh[r, :]  = fp16( H128(x[r, :] * suh) )       rows r >= m are written as zeros
+    output:  y[r, :]   = H128( sum_s part[s, r, :] ) * svh + bias
+
+H128 is applied per contiguous 128-block of the feature axis with the reference order of fp32
+butterflies and one multiply by fp32(0x3DB504F3) (exl3_format.md 4.2); ``x * suh`` stays fp32
+(more accurate than exllamav3's fp16 product; exl3-jax compares with tolerances after decode).
+
+Why kernels rather than jnp: a Hadamard as an fp32 HIGHEST matmul costs 256 FLOP per element on
+the CUDA cores and several XLA launches around the GEMM; here each transform is one memory-bound
+launch, and the output kernel also sums the GEMM's K-split partials and applies svh and bias.
+
+Layout contract (flat row-major, sizes static):
+  input:  x [m, k] (f32 / bf16 / f16), suh f16 [k] -> xh f16 [m_pad, k]
+  output: part f32 [splits, m_pad, n], svh f16 [n], bias f16 [n] -> y f32 [m, n]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float16, Float32
+
+from .cute_ops import hadamard128_lane
+
+SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
+WARPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class HadamardConfig:
+    rows: int          # rows processed (m_pad for the input transform, m for the output)
+    valid: int         # rows < valid are real (input transform zero-fills the rest)
+    width: int         # feature size (k or n), multiple of 128
+    splits: int = 1    # output transform: number of K-split partials to sum
+    part_rows: int = 0  # output transform: rows per partial (m_pad)
+
+    @property
+    def blocks(self) -> int:
+        return self.rows * (self.width // 128)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (-(-self.blocks // WARPS), 1, 1)
+
+
+@cute.kernel
+def _hadamard_in_kernel(x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
+                        cfg: cutlass.Constexpr):
+    tid, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    lane = tid % 32
+    blk = bx * WARPS + tid // 32
+    if blk < cfg.blocks:
+        nb = cfg.width // 128
+        row = blk // nb
+        col = (blk % nb) * 128 + 4 * lane
+        # Padding rows read row valid-1 and are zeroed by a factor: no divergent branch around
+        # the warp shuffles, and x needs no padded copy.
+        src = cutlass.min(row, cfg.valid - 1) * cfg.width + col
+        keep = cutlass.select_(row < cfg.valid, Float32(1.0), Float32(0.0))
+        v = [Float32(x[src + e]) * Float32(suh[col + e]) * keep for e in range(4)]
+        v = hadamard128_lane(v, lane)
+        for e in cutlass.range_constexpr(4):
+            out[row * cfg.width + col + e] = Float16(v[e] * Float32(SCALE))
+
+
+@cute.kernel
+def _hadamard_out_kernel(part: cute.Tensor, svh: cute.Tensor, bias: cute.Tensor, y: cute.Tensor,
+                         cfg: cutlass.Constexpr):
+    tid, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    lane = tid % 32
+    blk = bx * WARPS + tid // 32
+    if blk < cfg.blocks:
+        nb = cfg.width // 128
+        row = blk // nb
+        col = (blk % nb) * 128 + 4 * lane
+        v = [part[row * cfg.width + col + e] for e in range(4)]
+        for s in cutlass.range_constexpr(1, cfg.splits):
+            base = (s * cfg.part_rows + row) * cfg.width + col
+            v = [v[e] + part[base + e] for e in range(4)]
+        v = hadamard128_lane(v, lane)
+        for e in cutlass.range_constexpr(4):
+            y[row * cfg.width + col + e] = (v[e] * Float32(SCALE) * Float32(svh[col + e])
+                                            + Float32(bias[col + e]))
+
+
+@cute.jit
+def launch_hadamard_in(stream, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
+                       cfg: cutlass.Constexpr):
+    _hadamard_in_kernel(x, suh, out, cfg).launch(grid=cfg.grid, block=(32 * WARPS, 1, 1),
+                                                 stream=stream)
+
+
+@cute.jit
+def launch_hadamard_out(stream, part: cute.Tensor, svh: cute.Tensor, bias: cute.Tensor,
+                        y: cute.Tensor, cfg: cutlass.Constexpr):
+    _hadamard_out_kernel(part, svh, bias, y, cfg).launch(grid=cfg.grid, block=(32 * WARPS, 1, 1),
+                                                         stream=stream)

@@ -1,0 +1,293 @@
+"""JAX entry point of the GPU Trellis GEMM (used by exl3_jax.ops.trellis_matmul).
+
+    y = had128(had128(x * suh) @ W_hat) * svh + bias            (exl3_format.md 4.1)
+
+Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.plans):
+  1. input transform kernel (ffi/hadamard.py): xh = fp16(had128(x * suh)), fp32 math;
+  2. decode plan (m <= 32): the decode+MMA kernel (ffi/trellis_mma.py) -> fp32 partials per
+     K-split; prefill plan: the dequantize kernel (ffi/trellis_dequant.py) writes W_hat^T fp16,
+     then an XLA dot with fp32 accumulation;
+  3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
+Three launches for a decode step (four for prefill). EXL3_JAX_TRANSFORMS=xla does steps 1 and 3
+with jnp instead (the reference arithmetic; kept for comparison and debugging).
+
+The kernels consume the checkpoint's int16 trellis through a bitcast view as uint32 words; no
+repacking. Importing this module does not import cutlass (CPU-only processes stay light); the
+kernels are compiled by cutlass.jax.cutlass_call when a jitted function is lowered for CUDA.
+
+Environment:
+  EXL3_JAX_PLAN = auto | decode | prefill    force a plan kind (decode needs m <= 32).
+  EXL3_JAX_CUTE_OPTIONS = "..."               extra cute.compile options (debugging).
+  EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from exl3_jax.ops.plans import DEFAULT_SMS, TrellisPlan, select_plan
+from exl3_jax.trellis import Exl3Weight, hadamard128
+
+from .trellis_geometry import lane_geometry, supported_rates
+
+PLAN_ENV = "EXL3_JAX_PLAN"
+# Extra cute.compile options passed through cutlass_call. (With 4.8.1, "--keep-ptx" given this
+# way wrote no files; scripts/gpu_validate.py --sass compiles with cute.compile for PTX/SASS.)
+CUTE_OPTIONS_ENV = "EXL3_JAX_CUTE_OPTIONS"
+TRANSFORMS_ENV = "EXL3_JAX_TRANSFORMS"
+
+
+@functools.lru_cache(maxsize=None)
+def _cutlass_jax_ok() -> bool:
+    try:
+        import cutlass.jax
+    except Exception:          # ImportError, or a broken CUDA toolkit
+        return False
+    return bool(cutlass.jax.is_available())
+
+
+def available() -> bool:
+    """True when the CuTe DSL kernels can run in this process (a CUDA backend + cutlass.jax)."""
+    try:
+        on_gpu = jax.default_backend() == "gpu"
+    except RuntimeError:
+        return False
+    return on_gpu and _cutlass_jax_ok()
+
+
+def supports(weight: Exl3Weight) -> bool:
+    """Whether the kernels handle this weight (rate and codebook); others use the reference."""
+    return weight.K in supported_rates() and not weight.stack_shape
+
+
+def device_sms() -> int:
+    try:
+        dev = jax.devices()[0]
+        return int(getattr(dev, "core_count", 0)) or DEFAULT_SMS
+    except Exception:
+        return DEFAULT_SMS
+
+
+def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPlan:
+    force = force or (os.environ.get(PLAN_ENV, "auto") or "auto")
+    return select_plan(m, weight.k, weight.n, sms=device_sms(),
+                       force=None if force == "auto" else force)
+
+
+# ---------------------------------------------------------------------------------------------
+# Views and transforms
+
+
+def trellis_words(trellis) -> jax.Array:
+    """int16 [k/16, n/16, W] -> flat uint32 [k/16 * n/16 * W/2] (U[m] = u[2m] | u[2m+1] << 16);
+    a bitcast, no repacking."""
+    t = jnp.asarray(trellis, jnp.int16)
+    t = t.reshape(*t.shape[:-1], t.shape[-1] // 2, 2)
+    return lax.bitcast_convert_type(t, jnp.uint32).reshape(-1)
+
+
+def input_transform(x, suh):
+    """xh = fp16(had128(x * suh)) [m, k]."""
+    xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32)
+    return hadamard128(xs).astype(jnp.float16)
+
+
+def output_transform(y, svh, bias=None):
+    """had128(y') * svh (+ bias), fp32."""
+    y = hadamard128(y) * jnp.asarray(svh, jnp.float32)
+    return y if bias is None else y + jnp.asarray(bias, jnp.float32)
+
+
+def _f16_pairs(xh, m_pad: int):
+    """fp16 [m, k] -> flat uint32 [m_pad * k/2], zero-padded rows."""
+    m, k = xh.shape
+    if m_pad != m:
+        xh = jnp.pad(xh, ((0, m_pad - m), (0, 0)))
+    return f16_words(xh.reshape(-1))
+
+
+def f16_words(xh_flat):
+    """fp16 [2j] -> uint32 [j] (bitcast, no copy)."""
+    return lax.bitcast_convert_type(xh_flat.reshape(-1, 2), jnp.uint32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel calls (rotated basis)
+
+
+def _cute_options() -> str | None:
+    return os.environ.get(CUTE_OPTIONS_ENV) or None
+
+
+def _mma_config(weight: Exl3Weight, plan: TrellisPlan):
+    from .trellis_mma import MmaConfig
+    return MmaConfig(codebook=weight.codebook, K=weight.K, m_blocks=-(-plan.m // plan.m_tile),
+                     k=weight.k, n=weight.n, m_tile=plan.m_tile, n_tiles=plan.n_tiles,
+                     warps=plan.warps, splits=plan.splits, unroll=plan.unroll).validate()
+
+
+def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
+    from .trellis_dequant import DequantConfig
+    return DequantConfig(codebook=weight.codebook, K=weight.K, k=weight.k, n=weight.n,
+                         warps=plan.dq_warps, k_tiles=plan.dq_k_tiles).validate()
+
+
+def mma_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
+    """Decode+MMA kernel on fp16-pair words xw [m_pad * k/2]: flat fp32 [splits * m_pad * n].
+
+    out_init: optional float32 buffer of that size which the kernel writes in place (aliased),
+    e.g. NaN-poisoned by tests so unwritten elements show.
+    """
+    from cutlass.jax import cutlass_call
+
+    from .trellis_mma import launch_trellis_mma
+
+    cfg = _mma_config(weight, plan)
+    tw = trellis_words(weight.trellis)
+    shape = jax.ShapeDtypeStruct((cfg.splits * cfg.m_pad * cfg.n,), jnp.float32)
+    if out_init is None:
+        return cutlass_call(launch_trellis_mma, output_shape_dtype=shape, cfg=cfg,
+                            compile_options=_cute_options())(xw, tw)
+    return cutlass_call(launch_trellis_mma, output_shape_dtype=shape,
+                        input_output_aliases={2: 0}, cfg=cfg,
+                        compile_options=_cute_options())(xw, tw, out_init)
+
+
+def mma_partials(xh, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
+    """Decode+MMA kernel on an fp16 [m, k] activation (zero-padded to m_pad here):
+    fp32 [splits, m_pad, n] partial sums of xh @ W_hat (rows >= m are 0)."""
+    cfg = _mma_config(weight, plan)
+    out = mma_partials_words(_f16_pairs(jnp.asarray(xh, jnp.float16), cfg.m_pad), weight, plan,
+                             out_init)
+    return out.reshape(cfg.splits, cfg.m_pad, cfg.n)
+
+
+def hadamard_in(x, suh, m_pad: int):
+    """Input transform kernel: x [m, k] -> flat fp16 [m_pad * k] = had128(x * suh), zero rows
+    beyond m."""
+    from cutlass.jax import cutlass_call
+
+    from .hadamard import HadamardConfig, launch_hadamard_in
+
+    m, k = x.shape
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    cfg = HadamardConfig(rows=m_pad, valid=m, width=k)
+    return cutlass_call(launch_hadamard_in, cfg=cfg, compile_options=_cute_options(),
+                        output_shape_dtype=jax.ShapeDtypeStruct((m_pad * k,), jnp.float16))(
+        x.reshape(-1), jnp.asarray(suh, jnp.float16))
+
+
+def hadamard_out(part, svh, bias, *, m: int, m_pad: int, splits: int, n: int):
+    """Output transform kernel: flat fp32 partials [splits * m_pad * n] -> y fp32 [m, n]."""
+    from cutlass.jax import cutlass_call
+
+    from .hadamard import HadamardConfig, launch_hadamard_out
+
+    cfg = HadamardConfig(rows=m, valid=m, width=n, splits=splits, part_rows=m_pad)
+    if bias is None:
+        bias = jnp.zeros((n,), jnp.float16)
+    y = cutlass_call(launch_hadamard_out, cfg=cfg, compile_options=_cute_options(),
+                     output_shape_dtype=jax.ShapeDtypeStruct((m * n,), jnp.float32))(
+        part, jnp.asarray(svh, jnp.float16), jnp.asarray(bias, jnp.float16))
+    return y.reshape(m, n)
+
+
+def dequantize_transposed(weight: Exl3Weight, plan: TrellisPlan, out_init=None):
+    """Dequantize kernel: W_hat^T as float16 [n, k] (bit-exact decode).
+
+    out_init: optional uint32 [n * k/2] buffer written in place (see mma_partials).
+    """
+    from cutlass.jax import cutlass_call
+
+    from .trellis_dequant import launch_trellis_dequant
+
+    cfg = _dequant_config(weight, plan)
+    tw = trellis_words(weight.trellis)
+    shape = jax.ShapeDtypeStruct((cfg.n * cfg.k // 2,), jnp.uint32)
+    if out_init is None:
+        out = cutlass_call(launch_trellis_dequant, output_shape_dtype=shape, cfg=cfg,
+                           compile_options=_cute_options())(tw)
+    else:
+        out = cutlass_call(launch_trellis_dequant, output_shape_dtype=shape,
+                           input_output_aliases={1: 0}, cfg=cfg,
+                           compile_options=_cute_options())(tw, out_init)
+    return lax.bitcast_convert_type(out.reshape(cfg.n, cfg.k // 2), jnp.float16).reshape(
+        cfg.n, cfg.k)
+
+
+def rotated_matmul(xh, weight: Exl3Weight, plan: TrellisPlan, *, poison: bool = False):
+    """y' = xh @ W_hat, float32 [m, n], with the plan's kernel(s) (xh: fp16 [m, k]).
+
+    poison: the kernels write into NaN-filled buffers (aliased outputs), so any element they
+    fail to write shows as NaN (validation)."""
+    if plan.kind == "decode":
+        init = None
+        if poison:
+            cfg = _mma_config(weight, plan)
+            init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan))
+        return jnp.sum(mma_partials(xh, weight, plan, out_init=init), axis=0)[:plan.m]
+    init = jnp.full((weight.n * weight.k // 2,), np.uint32(0x7E007E00)) if poison else None
+    wt = dequantize_transposed(weight, plan, out_init=init)
+    return lax.dot_general(jnp.asarray(xh, jnp.float16), wt, (((1,), (1,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def _transforms_mode(transforms: str | None) -> str:
+    mode = transforms or os.environ.get(TRANSFORMS_ENV, "cute") or "cute"
+    if mode not in ("cute", "xla"):
+        raise ValueError(f"{TRANSFORMS_ENV} must be 'cute' or 'xla', got {mode!r}")
+    return mode
+
+
+def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None = None,
+                       transforms: str | None = None):
+    """y = x @ W + bias for one EXL3 linear on the GPU.
+
+    Args:
+      x: float [..., k] (already zero-extended to the padded k).
+      weight: Exl3Weight without stack axes.
+      plan: None (auto / EXL3_JAX_PLAN), a plan kind, or a TrellisPlan.
+      transforms: None (EXL3_JAX_TRANSFORMS, default "cute") or "cute" / "xla".
+    Returns:
+      float32 [..., n] including bias (untrimmed).
+    """
+    if weight.stack_shape:
+        raise ValueError("trellis_matmul_gpu takes one linear")
+    if not supports(weight):
+        raise ValueError(f"no GPU kernel for K={weight.K}")
+    lead = x.shape[:-1]
+    m = int(np.prod(lead)) if lead else 1
+    if m == 0:
+        return jnp.zeros((*lead, weight.n), jnp.float32)
+    x2 = jnp.reshape(x, (m, weight.k))
+    if not isinstance(plan, TrellisPlan):
+        plan = plan_for(m, weight, plan)
+    if _transforms_mode(transforms) == "xla":
+        y = rotated_matmul(input_transform(x2, weight.suh), weight, plan)
+        y = output_transform(y, weight.svh, weight.bias)
+    elif plan.kind == "decode":
+        cfg = _mma_config(weight, plan)
+        xh = hadamard_in(x2, weight.suh, cfg.m_pad)
+        part = mma_partials_words(f16_words(xh), weight, plan)
+        y = hadamard_out(part, weight.svh, weight.bias, m=m, m_pad=cfg.m_pad,
+                         splits=cfg.splits, n=weight.n)
+    else:
+        xh = hadamard_in(x2, weight.suh, m).reshape(m, weight.k)
+        yp = lax.dot_general(xh, dequantize_transposed(weight, plan), (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+        y = hadamard_out(yp.reshape(-1), weight.svh, weight.bias, m=m, m_pad=m, splits=1,
+                         n=weight.n)
+    return y.reshape(*lead, weight.n)
+
+
+__all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "dequantize_transposed", "hadamard_in",
+           "hadamard_out", "input_transform", "lane_geometry", "mma_partials",
+           "mma_partials_words", "output_transform", "plan_for", "rotated_matmul", "supports",
+           "trellis_matmul_gpu", "trellis_words"]

@@ -1,0 +1,137 @@
+"""Per-lane bit geometry of the in-register trellis decode, shared by every Trellis kernel.
+
+Lane ``l`` of a warp decodes the 8 consecutive sequence elements t = 8l .. 8l+7 of a 16x16 tile:
+these are exactly its m16n8k16 fragment registers (exl3_format.md 2.4), so no shuffles are needed.
+Element t's 16-bit state is the ring window ending at bit S(t) (exclusive), S(t) = (t+1)K for
+integer K, (t+1)KA + floor((t+1)/2) for half rates (exl3_format_165.md 1.2).
+
+A lane reads its codes in ``groups`` of ``group`` consecutive elements. One group needs one 64-bit
+funnel of two consecutive ring words: word ``wi`` (high half) and ``wi + 1`` (low half), both taken
+modulo the tile's word count, so the tail-biting wrap of lane 0 is just a modulo. Within the funnel,
+element q of the group sits at right shift ``sh0 - off[q]``: ``sh0`` depends on the lane (runtime,
+computed once per kernel), ``off`` only on K (compile time). The group size is the largest divisor
+of 8 for which every lane's group fits in the 64-bit funnel, so K=2 takes one funnel per tile and
+lane, K=3..5 and half rates two, K=6..8 four.
+
+Everything here is plain Python/numpy: the kernels import the constants, and
+``emulate_lane_states`` runs the exact kernel formulas on the host so the geometry is tested
+bit-exactly against the jnp reference decoder without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from exl3_jax.format.spec import rate_from_width, width_from_rate
+
+LANES = 32
+CODES_PER_LANE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneGeometry:
+    """Compile-time constants of the per-lane window extraction for one rate K."""
+    K: float              # bits per weight (int, or 2.5 / 3.5 / 1.5)
+    words: int            # uint32 words per tile (W / 2)
+    group: int            # elements per 64-bit funnel
+    lane_stride: int      # S(8(l+1) + c) - S(8l + c): bits per lane (8K, or 8KA + 4)
+    group_base: tuple     # S(gi * group) for gi in groups, i.e. S(t_first) at lane 0
+    offsets: tuple        # S(t_first + q) - S(t_first), q < group (same for every group)
+
+    @property
+    def groups(self) -> int:
+        return CODES_PER_LANE // self.group
+
+
+def end_bit(t, K):
+    """Exclusive end bit S(t) of element t's code (numpy-friendly)."""
+    t = np.asarray(t)
+    if isinstance(K, float) and not float(K).is_integer():
+        ka = int(K)
+        return (t + 1) * ka + (t + 1) // 2
+    return (t + 1) * int(K)
+
+
+@functools.lru_cache(maxsize=None)
+def lane_geometry(K) -> LaneGeometry:
+    """Geometry for rate K (1..8 or 1.5/2.5/3.5)."""
+    width = width_from_rate(K)
+    K = rate_from_width(width)
+    words = width // 2
+    lanes = np.arange(LANES)
+    for group in (8, 4, 2, 1):
+        ok = True
+        for gi in range(CODES_PER_LANE // group):
+            t_first = CODES_PER_LANE * lanes + gi * group
+            s_first = end_bit(t_first, K)
+            start = s_first - 16
+            sh0 = 48 - (start % 32)                       # right shift of element 0 in the funnel
+            span = end_bit(t_first + group - 1, K) - s_first
+            ok &= bool(np.all(sh0 - span >= 0))
+            # offsets must not depend on the lane (t_first is always even for even group sizes)
+        if ok:
+            break
+    offsets = tuple(int(end_bit(q, K) - end_bit(0, K)) for q in range(group))
+    base = tuple(int(end_bit(gi * group, K)) for gi in range(CODES_PER_LANE // group))
+    stride = int(end_bit(CODES_PER_LANE, K) - end_bit(0, K))
+    geo = LaneGeometry(K=K, words=words, group=group, lane_stride=stride, group_base=base,
+                       offsets=offsets)
+    _check_lane_invariance(geo)
+    return geo
+
+
+def _check_lane_invariance(geo: LaneGeometry) -> None:
+    """The kernel assumes S is affine in the lane and offsets are lane independent."""
+    for lane in range(LANES):
+        for gi in range(geo.groups):
+            t_first = CODES_PER_LANE * lane + gi * geo.group
+            s_first = int(end_bit(t_first, geo.K))
+            assert s_first == geo.lane_stride * lane + geo.group_base[gi], (geo.K, lane, gi)
+            for q in range(geo.group):
+                assert int(end_bit(t_first + q, geo.K)) - s_first == geo.offsets[q], (geo.K, q)
+
+
+def lane_funnel(geo: LaneGeometry, lane, gi):
+    """(word index of the high half, of the low half, right shift of element 0) for a group.
+
+    Called by the kernels on DSL integers (cute_ops.lane_funnels) and by the host emulation on
+    Python ints, so one formula is tested on CPU and used on the GPU. Floor division of a
+    possibly negative start bit: lane 0's first window wraps to the end of the tile.
+    """
+    s_first = lane * geo.lane_stride + geo.group_base[gi]
+    wi_u = (s_first + 16) // 32 - 1             # floor((s_first - 16) / 32), s_first >= 1
+    hi = (wi_u + geo.words) % geo.words
+    lo = (wi_u + 1) % geo.words
+    sh0 = 64 + 32 * wi_u - s_first
+    return hi, lo, sh0
+
+
+def emulate_lane_states(U: np.ndarray, K) -> np.ndarray:
+    """Run the kernel's extraction on tiles' uint32 words U [..., words] -> states [..., 256]
+    in sequence order (t = 8 lane + j). Host-side oracle for the geometry."""
+    geo = lane_geometry(K)
+    U = np.asarray(U, dtype=np.uint64)
+    out = np.zeros(U.shape[:-1] + (LANES * CODES_PER_LANE,), dtype=np.uint32)
+    for lane in range(LANES):
+        for gi in range(geo.groups):
+            hi, lo, sh0 = lane_funnel(geo, lane, gi)
+            merged = (U[..., hi] << np.uint64(32)) | U[..., lo]
+            for q in range(geo.group):
+                sh = np.uint64(sh0 - geo.offsets[q])
+                t = CODES_PER_LANE * lane + gi * geo.group + q
+                out[..., t] = ((merged >> sh) & np.uint64(0xFFFF)).astype(np.uint32)
+    return out
+
+
+# Fragment placement: decoded element j of a lane -> register pair of the MMA operand.
+# As the A operand of m16n8k16 (16 output columns x 16 input rows; the "swapped" decode form),
+# A regs are {a0a1, a2a3, a4a5, a6a7} = elements {(0,1), (4,5), (2,3), (6,7)}.
+A_OPERAND_PAIRS = ((0, 1), (4, 5), (2, 3), (6, 7))
+
+
+def supported_rates() -> tuple:
+    """Every rate the GPU kernels compile for (integer K = 1..8 and the mul1 half rates)."""
+    return (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)

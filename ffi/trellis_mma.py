@@ -1,0 +1,191 @@
+"""Trellis GEMM kernel: decode EXL3 tiles in registers straight into mma.sync fragments.
+
+    partial[s, m, n] = sum over this split's k16 tiles of  xh[m, k16 tile] @ W_hat[k16 tile, n]
+
+xh is the already-rotated fp16 activation (x * suh, Hadamard-128), W_hat the rotated-basis weight
+decoded from the native int16 trellis viewed as uint32 words (no repacking). The caller sums the
+K-split partials and applies the output transform (Hadamard-128, * svh, + bias).
+
+Why this shape of kernel:
+  * The EXL3 in-tile order is the m16n8k16 fragment order, so lane l decodes t = 8l..8l+7 of a
+    tile and those 8 fp16 values are its MMA registers with no shuffles. Weights take the A
+    operand (16 output columns x 16 input rows; the register pairs are a permutation of the
+    decoded pairs, see trellis_geometry.A_OPERAND_PAIRS) and 8 tokens take the 8-wide B operand,
+    so a decode step pays one MMA per 8 tokens instead of padding tokens to 16.
+  * Decode is the floor (bench/anchors.md): each tile is decoded once per CTA, by one warp,
+    and reused for all the CTA's token groups (m_tile tokens).
+  * No shared-memory staging of weights: each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8)
+    or 8 (K = 7) ring words straight from global memory; all 32 lanes hit the same 32*K-byte
+    tile, so the loads coalesce.
+    A warp works in chunks of ``unroll`` k16 steps and issues every load of a chunk (weights and
+    activations) before decoding any of it: the decode is a few dozen instructions per tile, so
+    without this each warp keeps only ~200 bytes in flight and the kernel is latency bound.
+  * The warps of a CTA share the same n16 tiles and interleave over k16 tiles; their partial sums
+    are folded in shared memory, so K-splitting across CTAs (grid y) is only needed to fill the
+    GPU and its fp32 partial traffic stays small.
+
+Layout contract (flat, row-major views; all sizes static at compile time):
+  xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, m_pad = m_tiles * m_tile (zero padded rows)
+  tw:  uint32 [k/16, n/16, W/2]   the trellis words (int16 pairs, little endian)
+  out: float32 [splits, m_pad, n] partial sums (padded rows too: they are zero, and keeping m out
+                                  of the compile key lets m = 1..8 share one binary)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .cute_ops import decode_words, lane_funnels, load_tile_words, mma_m16n8k16_f16_f32
+from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
+
+
+@dataclasses.dataclass(frozen=True)
+class MmaConfig:
+    """Every compile-time parameter of one Trellis GEMM instance."""
+    codebook: str
+    K: float
+    m_blocks: int          # CTA token tiles (grid z); m_pad = m_blocks * m_tile
+    k: int
+    n: int
+    m_tile: int = 8        # tokens per CTA (multiple of 8, <= 32): one B fragment per 8 tokens
+    n_tiles: int = 2       # n16 tiles per warp (independent decode chains)
+    warps: int = 8         # warps per CTA, interleaved over k16 tiles
+    splits: int = 1        # K-splits across CTAs (grid y)
+    unroll: int = 4        # k16 steps per chunk whose loads are issued together
+
+    @property
+    def m_groups(self) -> int:
+        return self.m_tile // 8
+
+    @property
+    def m_pad(self) -> int:
+        return self.m_blocks * self.m_tile
+
+    @property
+    def k16(self) -> int:
+        return self.k // 16
+
+    @property
+    def n16(self) -> int:
+        return self.n // 16
+
+    @property
+    def k_per_split(self) -> int:
+        return self.k16 // self.splits
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.n16 // self.n_tiles, self.splits, self.m_blocks)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def acc_regs(self) -> int:
+        """fp32 accumulators per lane."""
+        return self.m_groups * self.n_tiles * 4
+
+    def validate(self) -> "MmaConfig":
+        if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
+            raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
+        if self.k % 128 or self.n % 128:
+            raise ValueError(f"k={self.k}, n={self.n} must be multiples of 128")
+        if self.n16 % self.n_tiles:
+            raise ValueError(f"n16={self.n16} is not a multiple of n_tiles={self.n_tiles}")
+        if self.k16 % self.splits:
+            raise ValueError(f"k16={self.k16} is not a multiple of splits={self.splits}")
+        if self.k_per_split % (self.warps * self.unroll):
+            raise ValueError(f"k16 per split {self.k_per_split} is not a multiple of "
+                             f"warps*unroll={self.warps * self.unroll}")
+        words = self.k16 * self.n16 * lane_geometry(self.K).words
+        if max(words, self.m_pad * self.k // 2, self.splits * self.m_pad * self.n) >= 2**31:
+            raise ValueError("tensor too large for 32-bit indexing")
+        return self
+
+
+@cute.kernel
+def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
+                        cfg: cutlass.Constexpr):
+    geo = lane_geometry(cfg.K)
+
+    tid, _, _ = cute.arch.thread_idx()
+    bx, by, bz = cute.arch.block_idx()
+    lane = tid % 32
+    warp = tid // 32
+    tn0 = bx * cfg.n_tiles
+    m0 = bz * cfg.m_tile
+    k0 = by * cfg.k_per_split
+    kw = cfg.k // 2                                        # uint32 words per activation row
+    funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
+
+    nacc = cfg.acc_regs
+    acc = cute.make_rmem_tensor((nacc,), Float32)
+    for i in cutlass.range_constexpr(nacc):
+        acc[i] = Float32(0.0)
+
+    # B fragment of token group g: token m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4).
+    x_row_base = (m0 + lane // 4) * kw + lane % 4
+
+    # Chunk c of warp w covers k16 tiles k0 + (c * warps + w) * unroll + u, u < unroll.
+    chunk = cfg.warps * cfg.unroll
+    for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, chunk):
+        wbuf = []
+        bfrag = []
+        for u in cutlass.range_constexpr(cfg.unroll):
+            kt = c0 + u
+            for j in cutlass.range_constexpr(cfg.n_tiles):
+                wbuf.append(load_tile_words(tw, (kt * cfg.n16 + tn0 + j) * geo.words,
+                                             funnels, geo))
+            for g in cutlass.range_constexpr(cfg.m_groups):
+                base = x_row_base + g * 8 * kw + kt * 8
+                bfrag.append((xw[base], xw[base + 4]))
+        for u in cutlass.range_constexpr(cfg.unroll):
+            for j in cutlass.range_constexpr(cfg.n_tiles):
+                h = decode_words(wbuf[u * cfg.n_tiles + j], funnels, geo, cfg.codebook)
+                a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+                for g in cutlass.range_constexpr(cfg.m_groups):
+                    i0 = (g * cfg.n_tiles + j) * 4
+                    d = mma_m16n8k16_f16_f32(a, bfrag[u * cfg.m_groups + g],
+                                             [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]])
+                    for r in cutlass.range_constexpr(4):
+                        acc[i0 + r] = d[r]
+
+    # Fold the warps' partial sums in shared memory: red[(w * nacc + i) * 32 + lane].
+    smem = cutlass.utils.SmemAllocator()
+    red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
+    for i in cutlass.range_constexpr(nacc):
+        red[(warp * nacc + i) * 32 + lane] = acc[i]
+    cute.arch.sync_threads()
+
+    # D fragment (16 output columns x 8 tokens): regs (0,1) at column lane//4, tokens
+    # 2(lane%4) + (0,1); regs (2,3) at column lane//4 + 8.
+    per_thread = -(-(nacc * 32) // cfg.threads)
+    for e in cutlass.range_constexpr(per_thread):
+        idx = tid + e * cfg.threads
+        if idx < nacc * 32:
+            i = idx // 32
+            src_lane = idx % 32
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(cfg.warps):
+                total = total + red[(w * nacc + i) * 32 + src_lane]
+            r = i % 4
+            j = (i // 4) % cfg.n_tiles
+            g = i // (4 * cfg.n_tiles)
+            col = (tn0 + j) * 16 + src_lane // 4 + 8 * (r // 2)
+            tok = m0 + g * 8 + 2 * (src_lane % 4) + r % 2
+            out[(by * cfg.m_pad + tok) * cfg.n + col] = total
+
+
+@cute.jit
+def launch_trellis_mma(stream, xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
+                       cfg: cutlass.Constexpr):
+    """cutlass_call entry: (stream, inputs..., outputs..., **constexpr). With
+    input_output_aliases (a caller-provided, e.g. NaN-poisoned, output buffer) cutlass_call passes
+    the aliased input in place of ``out``, so the same launcher serves both."""
+    _trellis_mma_kernel(xw, tw, out, cfg).launch(grid=cfg.grid, block=(cfg.threads, 1, 1),
+                                                stream=stream)

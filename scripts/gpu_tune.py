@@ -1,0 +1,133 @@
+"""Time the Trellis GEMM's pieces and plan variants on a GPU (tuning aid; results in bench/NOTES.md).
+
+  python scripts/gpu_tune.py --out tune.json [--budget-s 200]
+
+Per shape / codebook / m: the full op (Hadamard kernels + decode kernel), the same with jnp
+transforms, the decode kernel alone for variants of its plan (unroll, n_tiles, warps, splits),
+the transform kernels alone; for prefill sizes the dequantize kernel and the XLA dot alone.
+All timed in a jitted loop (exl3_jax.ffi.bench.time_in_loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from exl3_jax.ffi import bench as gb
+from exl3_jax.ffi import trellis_gemm as tg
+from exl3_jax.ops.plans import select_plan
+
+
+def us(fn, args, m, k, n):
+    try:
+        return round(1e6 * gb.time_in_loop(fn, args, iters=gb.iters_for(m, k, n)), 2)
+    except Exception as e:   # noqa: BLE001
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+def decode_rows(k, n, cb, K, m, deadline):
+    w = gb.random_weight(k, n, K, cb)
+    base = select_plan(m, k, n)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
+    row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(base)}
+    row["full_cute"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w), (x, w), m, k, n)
+    row["full_xla"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w, transforms="xla"), (x, w),
+                         m, k, n)
+    cfg = tg._mma_config(w, base)
+    xw = tg.f16_words(tg.hadamard_in(x, w.suh, cfg.m_pad))
+    row["had_in"] = us(lambda x, s: tg.hadamard_in(x, s, cfg.m_pad), (x, w.suh), m, k, n)
+    part = jnp.zeros((cfg.splits * cfg.m_pad * n,), jnp.float32)
+    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, m=m, m_pad=cfg.m_pad,
+                                                     splits=cfg.splits, n=n),
+                        (part, w.svh), m, k, n)
+    variants = {"base": base}
+    per = lambda p: k // 16 // p.splits // p.warps   # noqa: E731
+    for u in (1, 2, 8):
+        variants[f"unroll{u}"] = dataclasses.replace(base, unroll=u)
+    for nt in (1, 4):
+        variants[f"ntiles{nt}"] = dataclasses.replace(base, n_tiles=nt)
+    variants["warps4"] = dataclasses.replace(base, warps=4)
+    variants["splits_x2"] = dataclasses.replace(base, splits=base.splits * 2)
+    if base.splits > 1:
+        variants["splits_half"] = dataclasses.replace(base, splits=base.splits // 2)
+    row["kernel"] = {}
+    for name, p in variants.items():
+        if time.time() > deadline:
+            break
+        if per(p) < 1 or per(p) % p.unroll or (k // 16) % p.splits:
+            continue
+        row["kernel"][name] = us(lambda xw, w: tg.mma_partials_words(xw, w, p), (xw, w), m, k, n)
+    return row
+
+
+def prefill_rows(k, n, cb, K, m):
+    w = gb.random_weight(k, n, K, cb)
+    plan = select_plan(m, k, n)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
+    xh = x.astype(jnp.float16)
+    wt = tg.dequantize_transposed(w, plan)
+    wb = wt.T.astype(jnp.bfloat16)
+    row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(plan)}
+    row["full_cute"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w), (x, w), m, k, n)
+    row["dot_f16_nt_f32"] = us(lambda a, b: jax.lax.dot_general(
+        a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32), (xh, wt), m, k, n)
+    row["dot_bf16"] = us(lambda a, b: jnp.dot(a, b), (x, wb), m, k, n)
+    row["had_in"] = us(lambda x, s: tg.hadamard_in(x, s, m), (x, w.suh), m, k, n)
+    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, m=m, m_pad=m, splits=1, n=n),
+                        (jnp.zeros((m * n,), jnp.float32), w.svh), m, k, n)
+    row["dequant"] = {}
+    for warps, kt in ((8, 4), (8, 2), (8, 1), (4, 8), (8, 8)):
+        p = dataclasses.replace(plan, dq_warps=warps, dq_k_tiles=kt)
+        if (k // 16) % (warps * kt):
+            continue
+        row["dequant"][f"w{warps}_kt{kt}"] = us(
+            lambda t, w: tg.dequantize_transposed(
+                type(w)(t, w.suh, w.svh, w.bias, w.codebook, w.K, w.in_features,
+                        w.out_features), p), (w.trellis, w), 1, k, n)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--budget-s", type=float, default=200)
+    a = p.parse_args(argv)
+    t0 = time.time()
+    deadline = t0 + a.budget_s
+    result = {"versions": gb.versions(), "decode": [], "prefill": []}
+
+    def save():
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+
+    for (k, n) in ((4096, 14336), (8192, 28672)):
+        for cb, K in (("mcg", 3), ("mul1", 4)):
+            for m in (1, 16):
+                if time.time() > deadline:
+                    break
+                r = decode_rows(k, n, cb, K, m, deadline)
+                result["decode"].append(r)
+                print(json.dumps(r), flush=True)
+                save()
+    for m in (128, 1024, 4096):
+        if time.time() > deadline + 60:
+            break
+        r = prefill_rows(4096, 14336, "mcg", 3, m)
+        result["prefill"].append(r)
+        print(json.dumps(r), flush=True)
+        save()
+    result["seconds"] = time.time() - t0
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""CPU tests of the GPU Trellis GEMM (exl3_jax.ffi): geometry, plans, plumbing, compile, export.
+
+No GPU here. What runs on CPU:
+  * the per-lane window geometry the kernels use, emulated on the host, vs the reference decoder;
+  * plan selection (static, deterministic, decode vs prefill boundaries);
+  * the JAX-side plumbing of trellis_matmul_gpu (padding, bitcasts, K-split sums, transposed
+    dequant, transforms) with the two kernel calls replaced by jnp emulations of their contracts;
+  * compile-only builds of the CuTe kernels for sm_90a and sm_120a (one subprocess per arch,
+    since CuTe DSL reads CUTE_DSL_ARCH once per process) through jax.export(platforms=["cuda"]),
+    checking the custom call and the SM of the embedded cubin;
+  * the jitted dispatch op (exl3_jax.ops.trellis_matmul, backend="gpu") lowers for CUDA.
+The kernels' numerics are validated on the H200 by scripts/gpu_validate.py (bench/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from exl3_jax.format.spec import width_from_rate
+from exl3_jax.ffi import trellis_gemm as tg
+from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, emulate_lane_states, lane_geometry,
+                                           supported_rates)
+from exl3_jax.ops import plans
+from exl3_jax.trellis import Exl3Weight, decode_trellis, linear_reference, tile_perm, unpack_states
+
+HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
+needs_cutlass = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl not installed")
+
+
+def random_weight(rng, k, n, K, codebook, bias=False):
+    trellis = rng.integers(-32768, 32768, size=(k // 16, n // 16, width_from_rate(K)),
+                           dtype=np.int64).astype(np.int16)
+    suh = rng.choice([-1.0, 1.0], size=k).astype(np.float16)
+    svh = (rng.uniform(0.5, 1.5, size=n) / 64).astype(np.float16)
+    b = jnp.asarray(rng.standard_normal(n).astype(np.float16)) if bias else None
+    return Exl3Weight.create(jnp.asarray(trellis), jnp.asarray(suh), jnp.asarray(svh), codebook,
+                             b)
+
+
+# --- geometry ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("K", supported_rates())
+def test_lane_geometry_matches_reference_states(rng, K):
+    width = width_from_rate(K)
+    trellis = rng.integers(-32768, 32768, size=(7, width), dtype=np.int64).astype(np.int16)
+    u = trellis.view(np.uint16).astype(np.uint32)
+    words = u[:, 0::2] | (u[:, 1::2] << 16)
+    ref = np.asarray(unpack_states(jnp.asarray(trellis)))
+    np.testing.assert_array_equal(emulate_lane_states(words, K), ref)
+
+
+def test_lane_geometry_groups():
+    # Two-word funnels must cover a whole group for every lane (the kernels assume it); K=2..4
+    # take at most two funnels per lane and tile.
+    for K in supported_rates():
+        geo = lane_geometry(K)
+        assert 8 % geo.group == 0 and geo.offsets[0] == 0
+    assert lane_geometry(3).groups == 1 and lane_geometry(4).groups == 1
+    assert lane_geometry(3.5).groups == 2 and lane_geometry(7).groups == 4
+
+
+def test_fragment_pairs_follow_the_tile_permutation():
+    # Element j of lane l sits at (r, c) = perm[8l + j]; as the MMA A operand (rows = output
+    # column c, cols = input row r) the register pairs must be (c0, r0..r0+1), (c0+8, r0..),
+    # (c0, r0+8..), (c0+8, r0+8..) with r0 = 2(l%4), c0 = l//4 (PTX m16n8k16 A layout).
+    perm = tile_perm()
+    for lane in range(32):
+        r0, c0 = 2 * (lane % 4), lane // 4
+        want = [(c0, r0), (c0 + 8, r0), (c0, r0 + 8), (c0 + 8, r0 + 8)]
+        for reg, (ja, jb) in enumerate(A_OPERAND_PAIRS):
+            ra, ca = divmod(int(perm[8 * lane + ja]), 16)
+            rb, cb = divmod(int(perm[8 * lane + jb]), 16)
+            assert (ca, ra) == want[reg] and (cb, rb) == (want[reg][0], want[reg][1] + 1)
+
+
+# --- plans ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 28672), (2048, 768), (128, 128)])
+def test_plan_selection(k, n):
+    for m in (1, 2, 7, 8, 9, 16, 17, 31, 32):
+        p = plans.select_plan(m, k, n)
+        assert p.kind == "decode" and p.m_tile == -(-m // 8) * 8 and p.m_tile >= m
+        assert (k // 16) % p.splits == 0 and (n // 16) % p.n_tiles == 0
+        assert (k // 16) // p.splits >= p.warps      # every warp gets k16 tiles
+    for m in (33, 128, 1000, 4096):
+        p = plans.select_plan(m, k, n)
+        assert p.kind == "prefill"
+        assert (k // 16) % (p.dq_warps * p.dq_k_tiles) == 0
+    # Static and deterministic: a decode loop at fixed m always gets the same plan (no
+    # recompiles), and m = 1..8 share one binary (the kernel config does not contain m).
+    assert plans.select_plan(5, k, n) == plans.select_plan(5, k, n)
+    assert len({(p.m_tile, p.splits) for p in (plans.select_plan(m, k, n)
+                                               for m in range(1, 9))}) == 1
+
+
+def test_plan_forcing_and_errors(monkeypatch):
+    assert plans.select_plan(3, 1024, 1024, force="prefill").kind == "prefill"
+    with pytest.raises(ValueError):
+        plans.select_plan(33, 1024, 1024, force="decode")
+    with pytest.raises(ValueError):
+        plans.select_plan(4, 1000, 1024)
+    with pytest.raises(ValueError):
+        plans.select_plan(0, 1024, 1024)
+    w = random_weight(np.random.default_rng(0), 256, 256, 3, "mcg")
+    monkeypatch.setenv(tg.PLAN_ENV, "prefill")
+    assert tg.plan_for(4, w).kind == "prefill"
+    monkeypatch.setenv(tg.PLAN_ENV, "auto")
+    assert tg.plan_for(4, w).kind == "decode"
+
+
+def test_plan_splits_fill_the_gpu():
+    p = plans.select_plan(1, 4096, 4096, sms=132)
+    assert (4096 // 16 // p.n_tiles) * p.splits >= 132
+    # Few CTAs along n -> split K; many -> no split.
+    assert plans.select_plan(1, 8192, 28672).splits <= plans.select_plan(1, 8192, 2048).splits
+
+
+# --- plumbing with emulated kernels --------------------------------------------------------
+
+
+@pytest.fixture
+def emulated_kernels(monkeypatch):
+    """Replace the CuTe calls by jnp code with the same contracts (flat layouts, K-split
+    partials, zero padded rows, W_hat^T, transforms), so everything around them runs on CPU."""
+    from exl3_jax.trellis import hadamard128
+    calls = []
+
+    def mma_partials_words(xw, w, plan, out_init=None):
+        cfg = tg._mma_config(w, plan)
+        calls.append(("decode", cfg))
+        xh = jax.lax.bitcast_convert_type(xw, jnp.float16).reshape(cfg.m_pad, w.k)
+        wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
+        ks = w.k // cfg.splits
+        parts = [jnp.matmul(xh[:, s * ks:(s + 1) * ks].astype(jnp.float32),
+                            wh[s * ks:(s + 1) * ks], precision="highest")
+                 for s in range(cfg.splits)]
+        return jnp.stack(parts).reshape(-1)
+
+    def dequantize_transposed(w, plan, out_init=None):
+        cfg = tg._dequant_config(w, plan)
+        calls.append(("prefill", cfg))
+        return decode_trellis(w.trellis, w.codebook).T
+
+    def hadamard_in(x, suh, m_pad):
+        xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32)
+        xs = jnp.pad(xs, ((0, m_pad - x.shape[0]), (0, 0)))
+        return hadamard128(xs).astype(jnp.float16).reshape(-1)
+
+    def hadamard_out(part, svh, bias, *, m, m_pad, splits, n):
+        y = jnp.sum(part.reshape(splits, m_pad, n), axis=0)[:m]
+        return tg.output_transform(y, svh, bias)
+
+    for name, fn in (("mma_partials_words", mma_partials_words), ("hadamard_in", hadamard_in),
+                     ("hadamard_out", hadamard_out),
+                     ("dequantize_transposed", dequantize_transposed)):
+        monkeypatch.setattr(tg, name, fn)
+    return calls
+
+
+@pytest.mark.parametrize("transforms", ["cute", "xla"])
+@pytest.mark.parametrize("m,kind", [(1, "decode"), (5, "decode"), (32, "decode"),
+                                    (33, "prefill"), (3, "prefill")])
+def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms):
+    w = random_weight(rng, 512, 256, 3.5, "mul1", bias=True)
+    x = jnp.asarray(rng.standard_normal((m, 512)), jnp.float32)
+    y = tg.trellis_matmul_gpu(x, w, plan=kind, transforms=transforms)
+    ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
+    assert y.shape == (m, 256) and y.dtype == jnp.float32
+    rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+    assert rel < 1e-3                              # fp16 rounding of xh only
+    assert emulated_kernels[-1][0] == kind
+
+
+def test_gpu_path_leading_axes_and_dispatch(rng, emulated_kernels, monkeypatch):
+    from exl3_jax.ops import trellis_matmul
+    w = random_weight(rng, 256, 384, 2, "3inst")
+    w = Exl3Weight.create(w.trellis, w.suh, w.svh, "3inst", in_features=200, out_features=300)
+    x = jnp.asarray(rng.standard_normal((2, 3, 200)), jnp.bfloat16)
+    y = jax.jit(lambda x, w: trellis_matmul(x, w, backend="gpu"))(x, w)
+    r = jax.jit(lambda x, w: trellis_matmul(x, w, backend="reference"))(x, w)
+    assert y.shape == r.shape == (2, 3, 300)
+    assert float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r)) < 1e-3
+    assert emulated_kernels and emulated_kernels[-1][0] == "decode"   # m = 6 rows
+
+
+def test_trellis_words_is_the_spec_pairing(rng):
+    t = rng.integers(-32768, 32768, size=(2, 3, 48), dtype=np.int64).astype(np.int16)
+    u = t.view(np.uint16).astype(np.uint32)
+    want = (u[..., 0::2] | (u[..., 1::2] << 16)).reshape(-1)
+    np.testing.assert_array_equal(np.asarray(tg.trellis_words(jnp.asarray(t))), want)
+
+
+# --- compile-only (CuTe DSL -> cubin) and export lowering ---------------------------------
+
+# Every template parameter value at least once per arch: each rate K (2..8, 2.5, 3.5), each
+# codebook, both plan kinds, each decode token tile (m_tile 8 / 16 / 24 / 32), each load unroll
+# (1 / 2 / 4 / 8) and K-splits > 1 (the last two cases; the plan picks them from the shape).
+COMPILE_CASES = [
+    ("3inst", 2, 1, "decode"), ("mcg", 3, 16, "decode"), ("mul1", 4, 32, "decode"),
+    ("mcg", 5, 7, "decode"), ("3inst", 6, 40, "prefill"), ("mul1", 7, 2, "decode"),
+    ("mcg", 8, 64, "prefill"), ("mul1", 2.5, 1, "decode"), ("mul1", 3.5, 33, "prefill"),
+    ("3inst", 4, 128, "prefill"), ("mcg", 2, 100, "prefill"), ("mul1", 3, 24, "decode"),
+    ("mul1", 4, 1, "decode", 4096, 8192), ("mcg", 3, 8, "decode", 4096, 4096),
+]
+
+
+def test_compile_cases_cover_the_plan_parameters():
+    seen = [plans.select_plan(c[2], *(c[4:6] if len(c) > 4 else (256, 256)), force=c[3])
+            for c in COMPILE_CASES]
+    dec = [p for p in seen if p.kind == "decode"]
+    assert {p.m_tile for p in dec} == {8, 16, 24, 32}
+    assert {p.unroll for p in dec} == {1, 2, 4, 8}
+    assert any(p.splits > 1 for p in dec)
+    assert {c[1] for c in COMPILE_CASES} == {2, 2.5, 3, 3.5, 4, 5, 6, 7, 8}
+    assert {c[0] for c in COMPILE_CASES} == {"3inst", "mcg", "mul1"}
+EXPECTED_SM = {"sm_90a": 90, "sm_120a": 120}
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_compile_only(arch):
+    env = dict(os.environ, CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "exl3_jax.ffi.aot", "--check", json.dumps(COMPILE_CASES)],
+        env=env, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(rows) == len(COMPILE_CASES), proc.stderr[-3000:]
+    other = {v for k, v in EXPECTED_SM.items() if k != arch}
+    for row in rows:
+        assert row["ok"], row
+        assert row["custom_call"] and row["calls"] == 3, row   # had_in, GEMM kernel, had_out
+        assert EXPECTED_SM[arch] in row["sms"] and not other & set(row["sms"]), row
+
+
+DISPATCH_EXPORT = """
+import jax, jax.numpy as jnp
+from jax import export
+from exl3_jax.ffi import aot
+from exl3_jax.ops import trellis_matmul
+from exl3_jax.trellis import Exl3Weight
+
+def f(x, trellis, suh, svh):
+    w = Exl3Weight(trellis, suh, svh, None, "mcg", 4, 200, 100)
+    return trellis_matmul(x, w, backend="gpu")
+
+sds = jax.ShapeDtypeStruct
+exp = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=aot.disabled_checks())(
+    sds((2, 3, 200), jnp.bfloat16), sds((16, 8, 64), jnp.int16), sds((256,), jnp.float16),
+    sds((128,), jnp.float16))
+back = export.deserialize(exp.serialize())
+print(aot.CUSTOM_CALL_PREFIX in exp.mlir_module(), back.out_avals[0].shape,
+      sorted(aot.cubin_sms(exp.mlir_module_serialized)))
+"""
+
+
+@needs_cutlass
+def test_dispatch_lowers_for_cuda():
+    # The jitted dispatch op (what Exl3Linear calls) exports for CUDA from this CPU machine, with
+    # padding (200 -> 256 in) and trimming (128 -> 100 out), and survives serialization.
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", DISPATCH_EXPORT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == "True (2, 3, 100) [13, 90]", proc.stdout
+
+
+def test_cubin_sm_parser():
+    import struct
+    hdr = bytearray(64)
+    hdr[:4] = b"\x7fELF"
+    hdr[4] = 2
+    struct.pack_into("<H", hdr, 18, 190)
+    struct.pack_into("<I", hdr, 48, 0x5A0D5A)
+    from exl3_jax.ffi.aot import cubin_sms
+    assert 90 in cubin_sms(b"junk" + bytes(hdr))
+    assert cubin_sms(b"no elf here") == set()
+
+
+def test_bench_timer_and_weights():
+    # The benchmark's timing loop and weight factory run on any backend (numbers only mean
+    # something on the GPU; bench/NOTES.md).
+    from exl3_jax.ffi import bench
+    x = jnp.ones((4, 128), jnp.bfloat16)
+    w = jnp.ones((128, 128), jnp.bfloat16)
+    t = bench.time_in_loop(lambda x, w: jnp.dot(x, w), (x, w), iters=16, reps=1)
+    assert 0 < t < 1.0
+    wt = bench.random_weight(256, 128, 2.5, "mul1")
+    assert wt.trellis.shape == (16, 8, 40) and wt.K == 2.5
