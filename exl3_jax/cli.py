@@ -41,6 +41,96 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling(args: argparse.Namespace):
+    from .generate import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Stream the model's answer to a prompt (chat template applied when the model has one)."""
+    from .generate import Generator
+    from .tokenizer import StreamDecoder, Tokenizer
+
+    sampling = _sampling(args)
+    tok = Tokenizer.from_dir(args.model)
+    model = _load(args)
+    if tok.chat_template and not args.raw:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": args.prompt})
+        ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True),
+                         add_bos=False)
+    else:
+        ids = tok.encode(args.prompt)
+    stop = set(model.config.eos_token_ids)
+    if tok.eos_token_id is not None:
+        stop.add(tok.eos_token_id)
+    stream = StreamDecoder(tok)
+    for t in Generator(model).stream(ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                     seed=args.seed, stop_tokens=sorted(stop)):
+        sys.stdout.write(stream.push(t))
+        sys.stdout.flush()
+    sys.stdout.write(stream.flush() + "\n")
+    return 0
+
+
+def cmd_ppl(args: argparse.Namespace) -> int:
+    """Perplexity of a text file, in non-overlapping windows of --ctx tokens."""
+    from .generate import perplexity
+    from .tokenizer import Tokenizer
+
+    text = open(args.text, encoding="utf-8").read()
+    ids = Tokenizer.from_dir(args.model).encode(text)
+    model = _load(args)
+    ppl, n = perplexity(model, ids, ctx=args.ctx, max_windows=args.max_windows)
+    print(f"perplexity {ppl:.4f} over {n} predicted tokens (ctx {args.ctx})")
+    return 0
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="activation dtype (default bfloat16)")
+    p.add_argument("--cache-dequantized", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode EXL3 weights once at load into fp32 (much faster without GPU "
+                        "kernels, 4 bytes per weight); default: on when the op backend is the "
+                        "jax.numpy reference")
+
+
+def _load(args: argparse.Namespace):
+    from .models import load_model
+    from .ops import resolve_backend
+
+    cache = args.cache_dequantized
+    if cache is None:
+        cache = resolve_backend() == "reference"
+    return load_model(args.model, dtype=args.dtype, cache_dequantized=cache)
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Quantize an HF safetensors model directory to an EXL3 checkpoint (no calibration yet)."""
+    from rich.console import Console
+
+    from .quant.convert import RichProgress, convert_hf
+
+    console = Console(stderr=True)
+    bits = int(args.bits) if args.bits == int(args.bits) else args.bits
+    head_bits = int(args.head_bits) if args.head_bits == int(args.head_bits) else args.head_bits
+    reports = convert_hf(args.source, args.output, bits=bits, head_bits=head_bits,
+                         codebook=args.codebook, mode="fast" if args.fast else "exact",
+                         seed=args.seed, out_scales=args.out_scales, overwrite=args.overwrite,
+                         progress=RichProgress(), log=console.log if args.verbose else None)
+    worst = max(reports, key=lambda r: r.info.proxy_error, default=None)
+    console.print(f"wrote {args.output}: {len(reports)} EXL3 linears"
+                  + (f", worst proxy error {worst.info.proxy_error:.5f} ({worst.key})"
+                     if worst else ""))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run a GPU benchmark; its own options follow the benchmark name."""
+    from .ffi import bench
+    return bench.main(args.rest) or 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exl3-jax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +138,48 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="list the EXL3 tensors of a checkpoint")
     p.add_argument("model", help="EXL3 model directory")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("quantize", help="quantize an HF safetensors model to EXL3")
+    p.add_argument("source", help="HF model directory (config.json + *.safetensors)")
+    p.add_argument("output", help="EXL3 directory to write (atomically)")
+    p.add_argument("--bits", type=float, required=True,
+                   help="bits per weight of every body linear: 1..8 (1.5/2.5/3.5 with mul1)")
+    p.add_argument("--head-bits", type=float, default=6,
+                   help="bits per weight of lm_head (16 = keep fp16; default 6)")
+    p.add_argument("--codebook", choices=("mcg", "mul1", "3inst"), default="mcg")
+    p.add_argument("--fast", action="store_true",
+                   help="faster approximate trellis search (tile MSE within ~1.3x of exact)")
+    p.add_argument("--out-scales", choices=("always", "never", "auto"), default="always")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sign flips")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every linear's error")
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("generate", help="generate text from a prompt (streams the answer)")
+    p.add_argument("--model", required=True, help="EXL3 (or HF safetensors) model directory")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--system", default=None, help="system message (chat models)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    _model_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("ppl", help="perplexity of a text file")
+    p.add_argument("model", help="EXL3 (or HF safetensors) model directory")
+    p.add_argument("--text", required=True, help="UTF-8 text file")
+    p.add_argument("--ctx", type=int, default=512, help="window length in tokens")
+    p.add_argument("--max-windows", type=int, default=None)
+    _model_args(p)
+    p.set_defaults(func=cmd_ppl)
+
+    p = sub.add_parser("bench", help="GPU benchmarks (CUDA device required)")
+    p.add_argument("what", choices=["linear"], help="linear: the Trellis GEMM vs bf16")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (--help)")
+    p.set_defaults(func=cmd_bench)
 
     return parser
 
@@ -58,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (Exl3FormatError, FileExistsError, NotImplementedError) as e:
+    except (Exl3FormatError, FileExistsError, NotImplementedError, ValueError) as e:
         print(f"exl3-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
 
