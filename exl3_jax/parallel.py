@@ -41,6 +41,9 @@ before importing jax)::
 A decoder layer of your own: lay out with ``shard_attention`` / ``shard_mlp`` and write one
 ``jax.shard_map`` body with in_specs ``column_specs`` / ``row_specs`` of those weights, calling
 ``column_parallel_matmul`` for q/k/v/gate/up and ``row_parallel_matmul`` for o/down.
+A whole ``models.decoder.CausalLM`` does exactly that in ``make_tp_forward`` / ``tp_logits``::
+
+    logits = tp_logits(model, make_mesh(4), tokens, moe_mode="experts")   # [B, T, vocab] fp32
 """
 
 from __future__ import annotations
@@ -675,14 +678,218 @@ def rank_sliced_moe(mesh: Mesh, x, gate: Mapping[int, Exl3Weight],
         topk_ids, topk_weights)
 
 
+# --------------------------------------------------------------------------------------------
+# a whole model (models.decoder.CausalLM) under tensor parallelism
+
+def _exl3_weight(module, name: str) -> Exl3Weight:
+    from .nn import Exl3Linear
+    if not isinstance(module, Exl3Linear):
+        raise NotImplementedError(f"{name}: the tensor-parallel model forward needs EXL3 "
+                                  f"linears, got {type(module).__name__}")
+    return module.weight
+
+
+def make_tp_forward(model, mesh: Mesh, *, moe_mode: str = "experts", axis: str = TP_AXIS,
+                    backend: str | None = None):
+    """Lay a ``models.decoder.CausalLM`` out on ``mesh`` and build its tensor-parallel forward.
+
+    Per layer: attention by heads (q column-parallel by whole heads, k/v by KV heads, replicated
+    when tp > num_kv_heads, o row-parallel + psum), a dense MLP gate/up column / down row + psum,
+    MoE experts expert-parallel (``moe_mode="experts"``) or tensor-split (``"tensor"``) with a
+    replicated router and shared experts split like an MLP; embeddings and norms replicated;
+    the EXL3 lm_head column-parallel (a tied / plain head runs replicated). The decoder stack is
+    one ``jax.shard_map``; the head a column-parallel shard_map after it.
+
+    Full sequences without a cache (causal mask, positions 0..T-1), fp32 activations whatever
+    ``model.dtype`` is. Every linear must be an EXL3 linear (not ``cache_dequantized``). Raises
+    ``ShardingError`` (naming the layer) when a weight cannot be split over ``mesh``.
+
+    Returns ``(forward, params)``: ``forward(params, tokens int [B, T])`` is jitted and returns
+    float32 logits [B, T, vocab]; ``params`` is the pytree of weights placed on the mesh (done
+    once here).
+    """
+    from .nn import Exl3Experts, Exl3Linear, MoEBlock, apply_rope, gqa_attention
+    from .nn.moe import route_sigmoid_topk, route_softmax_topk
+    from .nn.norm import rms_norm
+
+    if moe_mode not in ("experts", "tensor"):
+        raise ValueError(f"unknown MoE parallel mode {moe_mode!r}; use 'experts' or 'tensor'")
+    c = model.config
+    tp = mesh.shape[axis]
+    rep = lambda a: put_global(jnp.asarray(a), NamedSharding(mesh, P()))   # noqa: E731
+    params: dict = {"embed": rep(model.embed_tokens.table[...]),
+                    "norm": rep(model.norm.weight[...]), "layers": []}
+    specs: dict = {"embed": P(), "norm": P(), "layers": []}
+    statics = []
+    for i, layer in enumerate(model.layers):
+        name = f"model.layers.{i}"
+        att = layer.self_attn
+        q, k, v, o = (_exl3_weight(getattr(att, f"{p}_proj"), f"{name}.self_attn.{p}_proj")
+                      for p in "qkvo")
+        q, k, v, o = shard_attention(mesh, q, k, v, o, num_heads=att.num_heads,
+                                     num_kv_heads=att.num_kv_heads, head_dim=att.head_dim,
+                                     layer=f"{name}.self_attn", axis=axis)
+        lp = {"ln1": rep(layer.input_layernorm.weight[...]),
+              "ln2": rep(layer.post_attention_layernorm.weight[...]),
+              "q": q, "k": k, "v": v, "o": o}
+        ls = {"ln1": P(), "ln2": P(), "q": column_specs(q, axis), "k": column_specs(k, axis),
+              "v": column_specs(v, axis), "o": row_specs(o, axis)}
+        st = dict(heads=att.num_heads // tp, kv_heads=max(1, att.num_kv_heads // tp),
+                  head_dim=att.head_dim, rope=att.rope,
+                  eps1=layer.input_layernorm.eps, eps2=layer.post_attention_layernorm.eps,
+                  qk_norm=att.q_norm is not None)
+        if att.q_norm is not None:
+            lp["qn"], lp["kn"] = rep(att.q_norm.weight[...]), rep(att.k_norm.weight[...])
+            ls["qn"], ls["kn"] = P(), P()
+            st["qn_eps"], st["kn_eps"] = att.q_norm.eps, att.k_norm.eps
+        mlp = layer.mlp
+        if isinstance(mlp, MoEBlock):
+            if not isinstance(mlp.experts, Exl3Experts):
+                raise NotImplementedError(f"{name}.mlp: tensor parallelism needs EXL3 experts")
+            ex = mlp.experts
+            g, u, d = shard_experts(mesh, ex.gate, ex.up, ex.down, layer=f"{name}.mlp",
+                                    mode=moe_mode, axis=axis)
+            router = mlp.router
+            lp["router_w"] = rep(router.w[...])
+            ls["router_w"] = P()
+            if router.b is not None:
+                lp["router_b"], ls["router_b"] = rep(router.b[...]), P()
+            if mlp.score_bias is not None:
+                lp["score_bias"], ls["score_bias"] = rep(mlp.score_bias[...]), P()
+            lp.update(eg=g, eu=u, ed=d)
+            if moe_mode == "experts":
+                ls.update(eg=expert_specs(g, axis), eu=expert_specs(u, axis),
+                          ed=expert_specs(d, axis))
+            else:
+                ls.update(eg=column_specs(g, axis), eu=column_specs(u, axis),
+                          ed=row_specs(d, axis))
+            st.update(kind="moe", top_k=mlp.top_k, router_kind=mlp.router_kind,
+                      renormalize=mlp.renormalize, scaling=mlp.routed_scaling_factor,
+                      num_experts=ex.num_experts,
+                      num_local=ex.num_experts // tp if moe_mode == "experts" else ex.num_experts,
+                      shared=mlp.shared is not None)
+            if mlp.shared is not None:
+                sh = mlp.shared
+                sg, su, sd = shard_mlp(
+                    mesh, *(_exl3_weight(getattr(sh, f"{p}_proj"),
+                                         f"{name}.mlp.shared_experts.{p}_proj")
+                            for p in ("gate", "up", "down")),
+                    layer=f"{name}.mlp.shared_experts", axis=axis)
+                lp.update(sg=sg, su=su, sd=sd)
+                ls.update(sg=column_specs(sg, axis), su=column_specs(su, axis),
+                          sd=row_specs(sd, axis))
+        else:
+            g, u, d = shard_mlp(mesh, *(_exl3_weight(getattr(mlp, f"{p}_proj"),
+                                                     f"{name}.mlp.{p}_proj")
+                                        for p in ("gate", "up", "down")),
+                                layer=f"{name}.mlp", axis=axis)
+            lp.update(g=g, u=u, d=d)
+            ls.update(g=column_specs(g, axis), u=column_specs(u, axis), d=row_specs(d, axis))
+            st["kind"] = "mlp"
+        params["layers"].append(lp)
+        specs["layers"].append(ls)
+        statics.append(st)
+
+    head = model.lm_head
+    if head is None:
+        head_kind = "tied"
+    elif isinstance(head, Exl3Linear):
+        head_kind = "exl3"
+        params["head"] = shard_column(mesh, head.weight, layer="lm_head", axis=axis)
+    else:
+        head_kind = "plain"
+        params["head"] = {"w": rep(head.w[...])}
+        if head.b is not None:
+            params["head"]["b"] = rep(head.b[...])
+    final_eps = model.norm.eps
+    hi = jax.lax.Precision.HIGHEST
+
+    def mm_col(x, w):
+        return column_parallel_matmul(x, w, backend=backend)
+
+    def decoder(p, tokens):                              # per rank; tokens [B, T] replicated
+        B, T = tokens.shape
+        x = jnp.take(p["embed"], tokens, axis=0).astype(jnp.float32)
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+        for lp, st in zip(p["layers"], statics):
+            D = st["head_dim"]
+            h = rms_norm(x, lp["ln1"], st["eps1"])
+            q = mm_col(h, lp["q"]).reshape(B, T, st["heads"], D)
+            k = mm_col(h, lp["k"]).reshape(B, T, st["kv_heads"], D)
+            v = mm_col(h, lp["v"]).reshape(B, T, st["kv_heads"], D)
+            if st["qk_norm"]:
+                q = rms_norm(q, lp["qn"], st["qn_eps"])
+                k = rms_norm(k, lp["kn"], st["kn_eps"])
+            q, k = apply_rope(q, positions, st["rope"]), apply_rope(k, positions, st["rope"])
+            a = gqa_attention(q, k, v, mask, D ** -0.5).reshape(B, T, st["heads"] * D)
+            x = x + row_parallel_matmul(a, lp["o"], axis, backend=backend)
+            h = rms_norm(x, lp["ln2"], st["eps2"])
+            if st["kind"] == "mlp":
+                y = row_parallel_matmul(jax.nn.silu(mm_col(h, lp["g"])) * mm_col(h, lp["u"]),
+                                        lp["d"], axis, backend=backend)
+            else:
+                ht = h.reshape(B * T, -1)
+                logits = jnp.einsum("th,he->te", ht, lp["router_w"].astype(jnp.float32),
+                                    precision=hi)
+                if "router_b" in lp:
+                    logits = logits + lp["router_b"].astype(jnp.float32)
+                if st["router_kind"] == "softmax":
+                    ids, wts = route_softmax_topk(logits, st["top_k"], st["renormalize"])
+                else:
+                    ids, wts = route_sigmoid_topk(logits, lp.get("score_bias"), st["top_k"],
+                                                  st["renormalize"], st["scaling"])
+                if moe_mode == "experts":
+                    first = jax.lax.axis_index(axis) * st["num_local"]
+                    y = local_moe(ht, lp["eg"], lp["eu"], lp["ed"],
+                                  local_route_weights(ids, wts, first, st["num_local"]),
+                                  backend=backend)
+                else:
+                    y = local_moe(ht, lp["eg"], lp["eu"], lp["ed"],
+                                  local_route_weights(ids, wts, 0, st["num_experts"]),
+                                  down_axis=axis, backend=backend)
+                if st["shared"]:
+                    y = y + row_parallel_partial(
+                        jax.nn.silu(mm_col(ht, lp["sg"])) * mm_col(ht, lp["su"]), lp["sd"],
+                        axis, backend=backend)
+                y = jax.lax.psum(y, axis).reshape(B, T, -1)
+            x = x + y
+        return rms_norm(x, p["norm"], final_eps)
+
+    def forward(p, tokens):
+        body_params = {key: p[key] for key in ("embed", "norm", "layers")}
+        x = _shard_map(mesh, decoder, (specs, P()), P())(body_params, tokens)
+        if head_kind == "exl3":
+            return tp_column_linear(mesh, x, p["head"], axis=axis, backend=backend)
+        if head_kind == "tied":
+            return jnp.einsum("...h,vh->...v", x, p["embed"].astype(jnp.float32), precision=hi)
+        y = jnp.einsum("...i,io->...o", x, p["head"]["w"].astype(jnp.float32), precision=hi)
+        return y + p["head"]["b"].astype(jnp.float32) if "b" in p["head"] else y
+
+    return jax.jit(forward), params
+
+
+def tp_logits(model, mesh: Mesh, tokens, *, moe_mode: str = "experts", axis: str = TP_AXIS,
+              backend: str | None = None):
+    """Tensor-parallel full-sequence logits of a ``CausalLM``: float32 [B, T, vocab].
+
+    Lays the weights out and compiles on every call; to run several batches, call
+    ``make_tp_forward`` once and reuse its ``(forward, params)``. See ``make_tp_forward``.
+    """
+    forward, params = make_tp_forward(model, mesh, moe_mode=moe_mode, axis=axis,
+                                      backend=backend)
+    return forward(params, jnp.asarray(tokens, jnp.int32))
+
+
 __all__ = [
     "Range", "ShardingError", "TP_AXIS", "column_parallel_layout", "column_parallel_matmul",
     "column_shards", "column_specs", "even_partition", "expert_partition", "expert_specs",
     "ep_moe", "head_partition", "kv_head_partition", "kv_replicas", "local_moe",
-    "local_route_weights", "make_mesh", "place", "put_global", "rank_sliced_layer",
+    "local_route_weights", "make_mesh", "make_tp_forward", "place", "put_global",
+    "rank_sliced_layer",
     "rank_sliced_moe", "rank_stacked", "rank_stacked_specs", "row_parallel_matmul",
     "row_parallel_partial", "row_shards", "row_specs", "shard_attention", "shard_column",
     "shard_experts",
     "shard_mlp", "shard_row", "slice_columns", "slice_rows", "tensor_split_moe", "to_host",
-    "tp_column_linear", "tp_mlp", "tp_row_linear", "unstack_rank",
+    "tp_column_linear", "tp_logits", "tp_mlp", "tp_row_linear", "unstack_rank",
 ]
