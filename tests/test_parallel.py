@@ -14,12 +14,6 @@ from ``exl3_jax.trellis.dequantize``, and the unsharded ``trellis_matmul``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +22,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 from exl3_jax import parallel as par
+from helpers_devices import ChildDevices
 from exl3_jax.ops import trellis_matmul
 from exl3_jax.trellis import Exl3Weight, dequantize
 
@@ -38,61 +33,8 @@ REL_L2 = 1e-5          # fp32 sharded vs unsharded (issue 7)
 # -------------------------------------------------------------------------------------------
 # delegation to a child process with simulated devices
 
-_child_results: dict[str, tuple[str, str]] | None = None
-
-
-def _run_child(session) -> dict[str, tuple[str, str]]:
-    """Run this module's selected tests once in a child with DEVICES simulated CPU devices.
-
-    Returns test name -> (outcome "passed"/"failed"/"skipped", message)."""
-    here = Path(__file__).resolve()
-    nodeids = [item.nodeid for item in session.items
-               if Path(str(item.fspath)).resolve() == here and "request" in item.fixturenames]
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_force_host_platform_device_count={DEVICES}").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env[CHILD_ENV] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.xml"
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
-             "junit_logging=all", f"--junitxml={report}", *nodeids],
-            cwd=str(session.config.rootpath), env=env, capture_output=True, text=True,
-            timeout=900)
-        if not report.exists():
-            raise RuntimeError(f"child pytest produced no report (rc {proc.returncode}):\n"
-                               f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        results = {}
-        for case in ET.parse(report).getroot().iter("testcase"):
-            outcome, message = "passed", ""
-            for tag in ("failure", "error", "skipped"):
-                node = case.find(tag)
-                if node is not None:
-                    outcome = "skipped" if tag == "skipped" else "failed"
-                    out = case.findtext("system-out") or ""
-                    message = f"{node.get('message', '')}\n{node.text or ''}\n{out}"
-                    break
-            results[case.get("name")] = (outcome, message)
-        return results
-
-
-def delegated(request) -> bool:
-    """True when the test ran (and passed) in the child; fails/skips like the child did."""
-    global _child_results
-    if jax.device_count() >= DEVICES:
-        return False
-    if os.environ.get(CHILD_ENV):
-        pytest.fail(f"child process has {jax.device_count()} devices, needs {DEVICES}")
-    if _child_results is None:
-        _child_results = _run_child(request.session)
-    outcome, message = _child_results.get(request.node.name, ("missing", ""))
-    if outcome == "passed":
-        return True
-    if outcome == "skipped":
-        pytest.skip(f"skipped in the child: {message}")
-    pytest.fail(f"[child process with {DEVICES} simulated devices] {outcome}:\n{message}",
-                pytrace=False)
+_child = ChildDevices(__file__, CHILD_ENV, DEVICES)
+delegated = _child.delegated
 
 
 # -------------------------------------------------------------------------------------------
