@@ -58,7 +58,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .format.spec import HADAMARD_BLOCK, TILE
-from .ops import pad_input, trellis_matmul
+from .ops import combine_matrix, pad_input, trellis_matmul
 from .trellis import Exl3Weight
 
 TP_AXIS = "tp"
@@ -388,20 +388,6 @@ def _stacked_matmul(x, w_stack: Exl3Weight, backend, *, column_shards: bool):
     return jax.vmap(lambda w: trellis_matmul(x, w, backend=backend))(w_stack)
 
 
-def local_route_weights(topk_ids, topk_weights, first_expert, num_local: int):
-    """Dense combine weights of the local experts.
-
-    topk_ids int [T, k] global expert ids; topk_weights float [T, k]; first_expert: the first
-    global id held here (traced or static). Returns float32 [T, num_local]: entry (t, e) = sum of
-    the weights with which token t routes to expert first_expert + e; exactly 0 for routes to
-    experts elsewhere.
-    """
-    local_ids = jnp.asarray(topk_ids) - first_expert                             # [T, k]
-    onehot = local_ids[..., None] == jnp.arange(num_local)                       # [T, k, E_l]
-    w = jnp.asarray(topk_weights, jnp.float32)[..., None]
-    return jnp.sum(jnp.where(onehot, w, 0.0), axis=-2)
-
-
 def local_moe(x, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, combine, *,
               act: Callable = jax.nn.silu, down_axis: str | None = None,
               backend: str | None = None):
@@ -550,7 +536,7 @@ def ep_moe(mesh: Mesh, x, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, to
 
     def body(xx, g, u, d, ids, wts):
         first = jax.lax.axis_index(axis) * num_local
-        y = local_moe(xx, g, u, d, local_route_weights(ids, wts, first, num_local), act=act,
+        y = local_moe(xx, g, u, d, combine_matrix(ids, wts, num_local, first), act=act,
                       backend=backend)
         return y[None] if partials else jax.lax.psum(y, axis)
     specs = (P(), expert_specs(gate, axis), expert_specs(up, axis), expert_specs(down, axis),
@@ -567,7 +553,7 @@ def tensor_split_moe(mesh: Mesh, x, gate: Exl3Weight, up: Exl3Weight, down: Exl3
     num_experts = gate.stack_shape[0]
 
     def body(xx, g, u, d, ids, wts):
-        combine = local_route_weights(ids, wts, 0, num_experts)
+        combine = combine_matrix(ids, wts, num_experts)
         return jax.lax.psum(local_moe(xx, g, u, d, combine, act=act, down_axis=axis,
                                       backend=backend), axis)
     specs = (P(), column_specs(gate, axis), column_specs(up, axis), row_specs(down, axis),
@@ -664,7 +650,7 @@ def rank_sliced_moe(mesh: Mesh, x, gate: Mapping[int, Exl3Weight],
     tiers = sorted(tier_experts)
 
     def body(xx, g, u, d, ids, wts):
-        combine = local_route_weights(ids, wts, 0, num_experts)               # [T, E]
+        combine = combine_matrix(ids, wts, num_experts)               # [T, E]
         y = 0.0
         for K in tiers:
             sel = np.asarray(tier_experts[K])
@@ -842,11 +828,11 @@ def make_tp_forward(model, mesh: Mesh, *, moe_mode: str = "experts", axis: str =
                 if moe_mode == "experts":
                     first = jax.lax.axis_index(axis) * st["num_local"]
                     y = local_moe(ht, lp["eg"], lp["eu"], lp["ed"],
-                                  local_route_weights(ids, wts, first, st["num_local"]),
+                                  combine_matrix(ids, wts, st["num_local"], first),
                                   backend=backend)
                 else:
                     y = local_moe(ht, lp["eg"], lp["eu"], lp["ed"],
-                                  local_route_weights(ids, wts, 0, st["num_experts"]),
+                                  combine_matrix(ids, wts, st["num_experts"]),
                                   down_axis=axis, backend=backend)
                 if st["shared"]:
                     y = y + row_parallel_partial(
@@ -885,7 +871,7 @@ __all__ = [
     "Range", "ShardingError", "TP_AXIS", "column_parallel_layout", "column_parallel_matmul",
     "column_shards", "column_specs", "even_partition", "expert_partition", "expert_specs",
     "ep_moe", "head_partition", "kv_head_partition", "kv_replicas", "local_moe",
-    "local_route_weights", "make_mesh", "make_tp_forward", "place", "put_global",
+    "make_mesh", "make_tp_forward", "place", "put_global",
     "rank_sliced_layer",
     "rank_sliced_moe", "rank_stacked", "rank_stacked_specs", "row_parallel_matmul",
     "row_parallel_partial", "row_shards", "row_specs", "shard_attention", "shard_column",

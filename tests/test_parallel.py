@@ -22,6 +22,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 from exl3_jax import parallel as par
+from exl3_jax.ops import combine_matrix
 from helpers_devices import ChildDevices
 from exl3_jax.ops import trellis_matmul
 from exl3_jax.trellis import Exl3Weight, dequantize
@@ -189,9 +190,9 @@ def test_expert_partition_is_contiguous():
         par.expert_partition(8, 3, layer="model.layers.2.mlp")
 
 
-def test_local_route_weights_matches_a_loop(rng):
+def test_combine_matrix_of_a_local_expert_range_matches_a_loop(rng):
     ids, w = random_routes(rng, 6, 8, 3)
-    got = np.asarray(par.local_route_weights(ids, w, 2, 4))
+    got = np.asarray(combine_matrix(ids, w, 4, first_expert=2))
     want = np.zeros((6, 4))
     for t in range(6):
         for e, wt in zip(np.asarray(ids[t]), np.asarray(w[t])):
@@ -323,7 +324,7 @@ def test_local_moe_without_parallelism_matches_the_loop(rng):
     x = fp32_input(rng, 9, 256)
     ids, w = random_routes(rng, 9, 8, 2)
     got = jax.jit(lambda x, g, u, d, c: par.local_moe(x, g, u, d, c))(
-        x, gate, up, down, par.local_route_weights(ids, w, 0, 8))
+        x, gate, up, down, combine_matrix(ids, w, 8))
     assert rel_l2(got, moe_reference(x, gate, up, down, ids, w)) <= REL_L2
 
 
@@ -335,7 +336,7 @@ def test_expert_parallel_matches_no_ep(request, rng, ep):
     x = fp32_input(rng, 9, 256)
     ids, w = random_routes(rng, 9, 8, 2)
     no_ep = jax.jit(lambda x, g, u, d, c: par.local_moe(x, g, u, d, c))(
-        x, gate, up, down, par.local_route_weights(ids, w, 0, 8))
+        x, gate, up, down, combine_matrix(ids, w, 8))
     mesh = par.make_mesh(ep)
     g, u, d = par.shard_experts(mesh, gate, up, down, layer="model.layers.1.mlp")
     assert g.trellis.sharding.shard_shape(g.trellis.shape)[0] == 8 // ep

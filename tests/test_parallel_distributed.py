@@ -127,7 +127,7 @@ def _worker(process_id: int, port: int, seed: int) -> None:
     import numpy as np
 
     from exl3_jax import parallel as par
-    from exl3_jax.ops import trellis_matmul
+    from exl3_jax.ops import combine_matrix, trellis_matmul
     from exl3_jax.trellis import Exl3Weight
 
     rng = np.random.default_rng(seed)                  # same weights in every process
@@ -181,7 +181,7 @@ def _worker(process_id: int, port: int, seed: int) -> None:
     wts = rng.random((5, 2)).astype(np.float32)
     want = jax.jit(lambda x, g, u, d, c: par.local_moe(x, g, u, d, c))(
         jnp.asarray(x), local(gate), local(up), local(down),
-        par.local_route_weights(jnp.asarray(ids), jnp.asarray(wts), 0, E))
+        combine_matrix(jnp.asarray(ids), jnp.asarray(wts), E))
     want = np.asarray(want, np.float64)
     args = [replicated(mesh, a) for a in (x, ids, wts)]
     g, u, d = par.shard_experts(mesh, gate, up, down, layer="model.layers.1.mlp")

@@ -17,11 +17,17 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 ACTIVATIONS = ("silu",)
 
 
-def combine_matrix(ids, weights, num_experts: int):
-    """Dense routing matrix float32 [T, E] from ids int [T, k] and weights [T, k] (sums weights
-    of repeated ids)."""
-    onehot = jax.nn.one_hot(ids, num_experts, dtype=jnp.float32)            # [T, k, E]
-    return jnp.einsum("tke,tk->te", onehot, weights.astype(jnp.float32))
+def combine_matrix(ids, weights, num_experts: int, first_expert=0):
+    """Dense routing matrix float32 [T, num_experts] of experts first_expert .. + num_experts.
+
+    ids int [T, k] global expert ids, weights [T, k]; entry (t, e) is the sum of the weights with
+    which token t routes to expert first_expert + e, and exactly 0 for experts outside the range
+    (ids of -1, or experts held on another device; first_expert may be traced).
+    """
+    local = jnp.asarray(ids) - first_expert                                   # [T, k]
+    onehot = local[..., None] == jnp.arange(num_experts)                      # [T, k, E]
+    w = jnp.asarray(weights, jnp.float32)[..., None]
+    return jnp.sum(jnp.where(onehot, w, 0.0), axis=-2)
 
 
 def _experts_matmul(x, weight: Exl3Weight, dense, backend, per_expert: bool):
