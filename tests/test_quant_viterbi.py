@@ -137,28 +137,31 @@ def random_codewords(rng, n, K, codebook):
     return np.asarray(decode_states(unpack_states(words, K), codebook)).astype(np.float32)
 
 
-@pytest.mark.parametrize("K,codebook,mode", [(2, "mcg", "exact"), (5, "mul1", "fast"),
+@pytest.mark.parametrize("K,codebook,mode", [(2, "mcg", "exact"), (5, "mul1", "exact"),
                                              pytest.param(2.5, "mul1", "exact", marks=slow)])
 def test_valid_codeword_reencodes_losslessly(rng, mode, K, codebook):
-    # exact search (the fast mode at K >= 3 keeps the exact pass 2): zero error is reachable
+    # exact search: a zero-error path exists and is found
     target = random_codewords(rng, 3, K, codebook)
     states, values = encode_tiles(target, K, codebook, mode=mode)
     check_codeword(states, values, K, codebook)
     np.testing.assert_allclose(values.astype(np.float32), target, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("K,codebook", [(2, "mcg"), (2.5, "mul1")])
+@pytest.mark.parametrize("K,codebook", [(2, "mcg"), (2.5, "mul1"), (4, "mcg")])
 def test_reduced_search_nearly_lossless_on_valid_codewords(rng, K, codebook):
     # The reduced-state search keeps one survivor per reduced edge; among equal-cost (zero-cost)
     # survivors it may keep one whose dropped bits lead nowhere, so a valid codeword is not always
     # found exactly (measured over 10 sets of 8 tiles: 81% exact at K=2/mcg, 73% at K=2.5/mul1,
     # whose 913 distinct values tie far more often; rel. MSE <= 0.013, Gaussian tiles at K=2
-    # give 0.07). Most tiles must still be exact and the rest close.
+    # give 0.07). Most tiles must still be exact and the rest close. At K >= 3 only pass 1 is
+    # pruned (r = 6 at K4), so the entry edge is often not the codeword's and few tiles come out
+    # exact (1 of 16 measured), but the exact pass 2 keeps the error at ~0.2x a Gaussian tile's.
     target = random_codewords(rng, 16, K, codebook)
     states, values = encode_tiles(target, K, codebook, mode="fast")
     check_codeword(states, values, K, codebook)
-    exact_tiles = np.all(values.astype(np.float32) == target, axis=1)
-    assert exact_tiles.sum() >= 8, exact_tiles
+    if K < 3:
+        exact_tiles = np.all(values.astype(np.float32) == target, axis=1)
+        assert exact_tiles.sum() >= 8, exact_tiles
     assert rel_mse(values, target) < 0.25 * MSE_MEASURED[int(K)]
 
 

