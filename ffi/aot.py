@@ -12,22 +12,38 @@ As a module it is also the compile-only check used by CI in a fresh process per 
   (a case is [codebook, K, m, plan] on a 256x256 linear, or [codebook, K, m, plan, k, n])
 
 prints one JSON line per case (custom-call target present, embedded cubin SM, sizes, seconds).
+
+Using artifacts in a model (generate, benchmarks): set ``EXL3_JAX_AOT_DIR`` to a directory written
+by scripts/build_aot.py. ``exl3_jax.ffi.trellis_gemm.trellis_matmul_gpu`` then looks every linear
+up by ``linear_key`` (shape, K, codebook, m, activation dtype, bias, transforms, launch plan) and
+calls the matching artifact (``Exported.call``, inlined into the caller's jit) instead of compiling
+the CuTe kernels. A miss compiles just in time when CuTe DSL is importable, else raises. The FFI
+handlers are registered on first use: through cutlass.jax when it is importable, else from
+``$CUTE_DSL_RUNTIME_LIBRARY`` (libcute_dsl_runtime.so alone, no CuTe compiler in the process).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
+import dataclasses
+import importlib.util
 import json
 import os
 import struct
 import sys
+import threading
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
 
 ARCH_ENV = "CUTE_DSL_ARCH"
+AOT_DIR_ENV = "EXL3_JAX_AOT_DIR"
+RUNTIME_LIBRARY_ENV = "CUTE_DSL_RUNTIME_LIBRARY"
+MANIFEST = "manifest.json"
 CUSTOM_CALL_PREFIX = "CuteDSLRT_NvJaxCutlassCall"
 
 # FFI targets and types of libcute_dsl_runtime.so for jax >= 0.9.1 (FFI v2): names of the
@@ -56,12 +72,33 @@ def disabled_checks():
     return cutlass.jax.get_export_disabled_safety_checks()
 
 
-def export_linear(k: int, n: int, K, codebook: str, m: int, plan: str | None = None,
-                  x_dtype=jnp.bfloat16, bias: bool = False):
+def resolve_plan(m: int, k: int, n: int, plan=None, *, sms: int | None = None):
+    """The TrellisPlan an artifact is built for: ``plan`` itself, or select_plan with a forced
+    kind (or None = auto) for ``sms`` SMs (default: the H200's 132, the plans' DEFAULT_SMS)."""
+    from exl3_jax.ops.plans import DEFAULT_SMS, TrellisPlan, select_plan
+    if isinstance(plan, TrellisPlan):
+        return plan
+    return select_plan(m, k, n, sms=sms or DEFAULT_SMS, force=plan)
+
+
+def linear_key(k: int, n: int, K, codebook: str, m: int, x_dtype, bias: bool, plan,
+               transforms: str = "cute") -> str:
+    """Identity of one exported linear call: everything that changes its StableHLO.
+
+    plan: the TrellisPlan (every field is part of the key, so an artifact built for another SM
+    count or plan heuristic is not used)."""
+    fields = ",".join(f"{f.name}={getattr(plan, f.name)}" for f in dataclasses.fields(plan))
+    return (f"{k}x{n}|K={K}|{codebook}|m={m}|{jnp.dtype(x_dtype).name}|bias={int(bool(bias))}|"
+            f"{transforms}|{fields}")
+
+
+def export_linear(k: int, n: int, K, codebook: str, m: int, plan=None, x_dtype=jnp.bfloat16,
+                  bias: bool = False, *, sms: int | None = None, transforms: str = "cute"):
     """jax.export of y = trellis_matmul_gpu(x[m, k], W) for platforms=["cuda"].
 
     The exported function takes flat arrays (x, trellis, suh, svh[, bias]) so the artifact
-    serializes without registering Exl3Weight's pytree with jax.export."""
+    serializes without registering Exl3Weight's pytree with jax.export.
+    Returns (Exported, linear_key)."""
     from jax import export
 
     from exl3_jax.format.spec import width_from_rate
@@ -69,17 +106,22 @@ def export_linear(k: int, n: int, K, codebook: str, m: int, plan: str | None = N
 
     from . import trellis_gemm as tg
 
+    if os.environ.get(AOT_DIR_ENV):
+        raise RuntimeError(f"unset {AOT_DIR_ENV} while exporting (it would embed artifacts)")
+    tplan = resolve_plan(m, k, n, plan, sms=sms)
+
     def fn(x, trellis, suh, svh, *b):
         w = Exl3Weight(trellis=trellis, suh=suh, svh=svh, bias=b[0] if b else None,
                        codebook=codebook, K=K, in_features=k, out_features=n)
-        return tg.trellis_matmul_gpu(x, w, plan=plan)
+        return tg.trellis_matmul_gpu(x, w, plan=tplan, transforms=transforms)
 
     sds = jax.ShapeDtypeStruct
     args = [sds((m, k), x_dtype), sds((k // 16, n // 16, width_from_rate(K)), jnp.int16),
             sds((k,), jnp.float16), sds((n,), jnp.float16)] + ([sds((n,), jnp.float16)]
                                                                if bias else [])
-    return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=disabled_checks())(
+    exp = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=disabled_checks())(
         *args)
+    return exp, linear_key(k, n, K, codebook, m, x_dtype, bias, tplan, transforms)
 
 
 def cubin_sms(blob: bytes) -> set[int]:
@@ -99,28 +141,45 @@ def cubin_sms(blob: bytes) -> set[int]:
     return sms
 
 
-def register_runtime(library: str | None = None) -> None:
-    """Register the CuTe DSL FFI handlers for running exported artifacts.
+_REGISTER_LOCK = threading.Lock()
+_registered = False
 
-    Uses cutlass.jax when importable; otherwise loads ``libcute_dsl_runtime.so`` (path from the
-    argument or $CUTE_DSL_RUNTIME_LIBRARY) and registers its v2 targets directly."""
-    if library is None:
-        try:
+
+def register_runtime(library: str | None = None) -> None:
+    """Register the CuTe DSL FFI handlers (once per process) for running exported artifacts.
+
+    With ``library`` (or, when cutlass is not importable, ``$CUTE_DSL_RUNTIME_LIBRARY``) the v2
+    targets of that libcute_dsl_runtime.so are registered through ctypes; otherwise through
+    cutlass.jax, which also serves its own just-in-time kernels (registering both ways in one
+    process would register the FFI type twice)."""
+    global _registered
+    with _REGISTER_LOCK:
+        if _registered:
+            return
+        if library is None and importlib.util.find_spec("cutlass") is not None:
             import cutlass.jax
             cutlass.jax.register_ffi()
+            _registered = True
             return
-        except ImportError:
-            library = os.environ.get("CUTE_DSL_RUNTIME_LIBRARY")
-    if not library:
-        raise RuntimeError("libcute_dsl_runtime.so not found: pass its path or set "
-                           "CUTE_DSL_RUNTIME_LIBRARY")
-    lib = ctypes.CDLL(library)
-    for name, ids in _RUNTIME_TYPES_V2.items():
-        jax.ffi.register_ffi_type(name, {k: jax.ffi.pycapsule(getattr(lib, v))
-                                         for k, v in ids.items()}, platform="CUDA")
-    for name, stages in _RUNTIME_TARGETS_V2.items():
-        jax.ffi.register_ffi_target(name, {k: jax.ffi.pycapsule(getattr(lib, v))
-                                           for k, v in stages.items()}, platform="CUDA")
+        library = library or os.environ.get(RUNTIME_LIBRARY_ENV)
+        if not library:
+            raise RuntimeError("CuTe DSL is not importable and no runtime library was given: "
+                               f"set {RUNTIME_LIBRARY_ENV} to libcute_dsl_runtime.so")
+        lib = ctypes.CDLL(library)
+
+        def symbol(name: str):
+            fn = getattr(lib, name)
+            fn.restype = ctypes.c_void_p
+            return fn
+
+        # FFI types: the library's functions return the addresses of its TypeId / TypeInfo.
+        for name, ids in _RUNTIME_TYPES_V2.items():
+            jax.ffi.register_ffi_type(name, {k: jax.ffi.pycapsule(symbol(v)())
+                                             for k, v in ids.items()}, platform="CUDA")
+        for name, stages in _RUNTIME_TARGETS_V2.items():
+            jax.ffi.register_ffi_target(name, {k: jax.ffi.pycapsule(symbol(v))
+                                               for k, v in stages.items()}, platform="CUDA")
+        _registered = True
 
 
 def load(path: str):
@@ -128,6 +187,106 @@ def load(path: str):
     from jax import export
     with open(path, "rb") as f:
         return export.deserialize(bytearray(f.read()))
+
+
+def device_arch() -> str | None:
+    """sm_XYa of the first CUDA device, else $CUTE_DSL_ARCH (CPU processes: lowering only)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        dev = None
+    cc = getattr(dev, "compute_capability", None) if dev is not None and \
+        dev.platform == "gpu" else None
+    if cc:
+        major, minor = str(cc).split(".")[:2]
+        return f"sm_{major}{minor}a"
+    return configured_arch()
+
+
+@dataclasses.dataclass
+class ArtifactSet:
+    """The artifacts of one directory for one arch: linear_key -> file, loaded on first use.
+
+    hits / misses count lookups per key (a jitted program looks each call site up once, at
+    trace time)."""
+    directory: str
+    arch: str
+    files: dict
+    loaded: dict = dataclasses.field(default_factory=dict)
+    hits: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    misses: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @classmethod
+    def read(cls, directory: str, arch: str) -> "ArtifactSet":
+        path = os.path.join(directory, MANIFEST)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{AOT_DIR_ENV}={directory}: no {MANIFEST} (write the "
+                                    "directory with scripts/build_aot.py)")
+        with open(path) as f:
+            rows = json.load(f)
+        files = {r["key"]: r["file"] for r in rows if r.get("arch") == arch and "key" in r}
+        return cls(directory, arch, files)
+
+    def lookup(self, key: str):
+        """The deserialized Exported for ``key``, or None."""
+        name = self.files.get(key)
+        if name is None:
+            self.misses[key] += 1
+            return None
+        if key not in self.loaded:
+            self.loaded[key] = load(os.path.join(self.directory, name))
+        self.hits[key] += 1
+        return self.loaded[key]
+
+
+_SETS: dict = {}
+
+
+def artifacts() -> ArtifactSet | None:
+    """The ArtifactSet of $EXL3_JAX_AOT_DIR for this process's device arch (None when unset).
+    On a GPU backend this also registers the runtime's FFI handlers."""
+    directory = os.environ.get(AOT_DIR_ENV)
+    if not directory:
+        return None
+    arch = device_arch()
+    if not arch:
+        raise RuntimeError(f"{AOT_DIR_ENV} is set but the arch is unknown: no CUDA device and "
+                           f"no {ARCH_ENV}")
+    ident = (os.path.abspath(directory), arch)
+    if ident not in _SETS:
+        _SETS[ident] = ArtifactSet.read(directory, arch)
+        if jax.default_backend() == "gpu":
+            register_runtime()
+    return _SETS[ident]
+
+
+def lookup_linear(x2, weight, plan, transforms: str, *, jit_ok):
+    """The artifact for y = trellis_matmul_gpu(x2 [m, k], weight) under ``plan``, or None when
+    no artifact directory is configured or (with ``jit_ok()`` true) none matches.
+
+    x2: array or ShapeDtypeStruct [m, k]; weight: Exl3Weight; plan: TrellisPlan; transforms:
+    "cute" | "xla"; jit_ok: callable, whether the kernels could be compiled in this process.
+
+    Raises RuntimeError on a miss when the kernels cannot be compiled here (jit_ok() false)."""
+    arts = artifacts()
+    if arts is None:
+        return None
+    m = int(x2.shape[0])
+    key = linear_key(weight.k, weight.n, weight.K, weight.codebook, m, x2.dtype,
+                     weight.bias is not None, plan, transforms)
+    exp = arts.lookup(key)
+    if exp is None:
+        hint = (f"scripts/build_aot.py --arch {arts.arch} --linears "
+                f"{weight.k}x{weight.n}:{weight.K}:{weight.codebook} --m {m} "
+                f"--x-dtype {jnp.dtype(x2.dtype).name}" + (" --bias" if weight.bias is not None
+                                                         else ""))
+        if not jit_ok():
+            raise RuntimeError(f"no AOT artifact in {arts.directory} for {key} ({arts.arch}) "
+                               f"and CuTe DSL is not importable to compile it; export it with "
+                               f"{hint}")
+        warnings.warn(f"no AOT artifact for {key}: compiling just in time (export: {hint})",
+                      stacklevel=3)
+    return exp
 
 
 def _check(cases) -> int:
@@ -138,7 +297,7 @@ def _check(cases) -> int:
         t0 = time.perf_counter()
         row = {"arch": arch, "codebook": codebook, "K": K, "m": m, "plan": plan, "k": k, "n": n}
         try:
-            exp = export_linear(k, n, K, codebook, m, plan)
+            exp, _ = export_linear(k, n, K, codebook, m, plan)
             text = exp.mlir_module()
             blob = exp.mlir_module_serialized
             row.update(ok=True, custom_call=CUSTOM_CALL_PREFIX in text,

@@ -19,6 +19,9 @@ Environment:
   EXL3_JAX_PLAN = auto | decode | prefill    force a plan kind (decode needs m <= 32).
   EXL3_JAX_CUTE_OPTIONS = "..."               extra cute.compile options (debugging).
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
+  EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
+                                              (scripts/build_aot.py; see exl3_jax.ffi.aot)
+                                              instead of compiling the kernels in this process.
 """
 
 from __future__ import annotations
@@ -53,12 +56,15 @@ def _cutlass_jax_ok() -> bool:
 
 
 def available() -> bool:
-    """True when the CuTe DSL kernels can run in this process (a CUDA backend + cutlass.jax)."""
+    """True when the CuTe DSL kernels can run in this process: a CUDA backend and either
+    cutlass.jax or ahead-of-time artifacts ($EXL3_JAX_AOT_DIR, checked first so an AOT-only
+    process never imports the CuTe compiler)."""
     try:
         on_gpu = jax.default_backend() == "gpu"
     except RuntimeError:
         return False
-    return on_gpu and _cutlass_jax_ok()
+    from . import aot
+    return on_gpu and (aot.artifacts() is not None or _cutlass_jax_ok())
 
 
 def supports(weight: Exl3Weight) -> bool:
@@ -269,7 +275,14 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
     x2 = jnp.reshape(x, (m, weight.k))
     if not isinstance(plan, TrellisPlan):
         plan = plan_for(m, weight, plan)
-    if _transforms_mode(transforms) == "xla":
+    mode = _transforms_mode(transforms)
+    from . import aot
+    exported = aot.lookup_linear(x2, weight, plan, mode, jit_ok=_cutlass_jax_ok)
+    if exported is not None:      # ahead-of-time kernels: inlined into the caller's program
+        args = (x2, weight.trellis, weight.suh, weight.svh) + (
+            () if weight.bias is None else (weight.bias,))
+        return exported.call(*args).reshape(*lead, weight.n)
+    if mode == "xla":
         y = rotated_matmul(input_transform(x2, weight.suh), weight, plan)
         y = output_transform(y, weight.svh, weight.bias)
     elif plan.kind == "decode":
