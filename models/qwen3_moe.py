@@ -1,6 +1,7 @@
 """Qwen3-MoE: Qwen3MoeForCausalLM; softmax top-k router (renormalised when norm_topk_prob),
 experts ``mlp.experts.{e}.{gate,up,down}_proj``, dense MLP on ``mlp_only_layers`` and off the
-``decoder_sparse_step`` grid."""
+``decoder_sparse_step`` grid. ``use_qk_norm: false`` (exl3-jax extension, default true) drops
+q/k norm, for SmolLM2 upcycled into this layout (exl3_jax.quant.upcycle)."""
 
 from .config import ModelConfig, MoeConfig
 
@@ -16,4 +17,4 @@ def parse_config(f) -> ModelConfig:
         intermediate_size=f.get("moe_intermediate_size"), router_kind="softmax",
         renormalize=f.get("norm_topk_prob", False, bool),
         moe_layers=tuple(i not in dense_only and (i + 1) % step == 0 for i in range(n)))
-    return ModelConfig(**f.common(qk_norm=True, moe=moe))
+    return ModelConfig(**f.common(qk_norm=f.get("use_qk_norm", True, bool), moe=moe))
