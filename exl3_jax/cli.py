@@ -67,8 +67,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if tok.eos_token_id is not None:
         stop.add(tok.eos_token_id)
     stream = StreamDecoder(tok)
-    for t in Generator(model).stream(ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                     seed=args.seed, stop_tokens=sorted(stop)):
+    mesh = None
+    if args.tp > 1:
+        from .parallel import make_mesh
+        mesh = make_mesh(args.tp)
+    generator = Generator(model, mesh=mesh, moe_mode=args.moe_mode)
+    for t in generator.stream(ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                              seed=args.seed, stop_tokens=sorted(stop)):
         sys.stdout.write(stream.push(t))
         sys.stdout.flush()
     sys.stdout.write(stream.flush() + "\n")
@@ -114,7 +119,8 @@ def _load(args: argparse.Namespace):
 
     cache = args.cache_dequantized
     if cache is None:
-        cache = resolve_backend() == "reference"
+        # tensor parallelism shards the EXL3 tensors themselves and ignores dequantized caches
+        cache = resolve_backend() == "reference" and getattr(args, "tp", 1) == 1
     return load_model(args.model, dtype=args.dtype, cache_dequantized=cache)
 
 
@@ -141,7 +147,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run a GPU benchmark; its own options follow the benchmark name."""
     from .ffi import bench
-    return bench.main(args.rest) or 0
+    return bench.main([args.what, *args.rest]) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree over the local devices (shard_map); default 1")
+    p.add_argument("--moe-mode", choices=("experts", "tensor"), default="experts",
+                   help="with --tp > 1: split MoE layers by expert ranges or split each expert")
     _model_args(p)
     p.set_defaults(func=cmd_generate)
 
@@ -192,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ppl)
 
     p = sub.add_parser("bench", help="GPU benchmarks (CUDA device required)")
-    p.add_argument("what", choices=["linear"], help="linear: the Trellis GEMM vs bf16")
+    p.add_argument("what", choices=["linear", "moe"],
+                   help="linear: the Trellis GEMM vs bf16; moe: the Trellis MoE vs ragged_dot")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (--help)")
     p.set_defaults(func=cmd_bench)
 

@@ -6,7 +6,12 @@ calls with similar sizes reuse one compiled program. Sampling parameters are sta
 them recompiles); the seed, the stop tokens and max_new_tokens are traced.
 
 For streaming to a terminal, ``Generator.stream`` runs a host loop over a jitted prefill and a
-jitted single-token decode step (same buckets, same numerics).
+jitted single-token decode step (same buckets, same numerics, the same prefill / decode code as
+the loop).
+
+The jitted functions call a model runner (``LocalModel`` on one device; with
+``Generator(model, mesh=...)`` the tensor-parallel ``exl3_jax.parallel.ShardedModel``), so
+single-device and tensor/expert-parallel generation share one loop.
 """
 
 from __future__ import annotations
@@ -92,16 +97,58 @@ def sample_tokens(logits, key, params: SamplingParams):
     return tok, lp
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_size", "out_len", "sampling"))
-def _generate(graphdef, state, tokens, valid, key, max_new, stop_ids, *, cache_size: int,
-              out_len: int, sampling: SamplingParams):
-    """tokens/valid [B, Tp] -> (out int32 [B, out_len] (-1 after stop), logprobs [B, out_len],
-    steps int32 [])."""
-    model = nnx.merge(graphdef, state)
-    B = tokens.shape[0]
-    logits, cache = model(tokens, model.init_cache(B, cache_size), valid, last_only=True)
+@dataclasses.dataclass(frozen=True)
+class LocalModel:
+    """The single-device model runner: the model's graph, called on its state.
+
+    A model runner is what the jitted functions below call (a static, hashable argument):
+    ``runner(state, tokens, cache, token_valid, last_only=...)`` -> (logits float32
+    [B, T or 1, V], cache), ``runner.init_cache(state, batch, size)`` (inside jit), and
+    ``put`` / ``host`` to move host arrays in and results out. The tensor-parallel runner is
+    ``exl3_jax.parallel.ShardedModel`` (``Generator(model, mesh=...)``).
+    """
+    graphdef: nnx.GraphDef
+
+    def init_cache(self, state, batch: int, size: int):
+        return nnx.merge(self.graphdef, state).init_cache(batch, size)
+
+    def __call__(self, state, tokens, cache, token_valid=None, *, last_only: bool = False):
+        return nnx.merge(self.graphdef, state)(tokens, cache, token_valid, last_only=last_only)
+
+    def put(self, x):
+        return jnp.asarray(x)
+
+    def host(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+
+def _prefill_core(runner, state, tokens, valid, key, cache_size: int, sampling: SamplingParams):
+    """Prompt through a fresh cache, first token sampled: (tok [B], logprob [B], logits [B, V],
+    cache, key)."""
+    cache = runner.init_cache(state, tokens.shape[0], cache_size)
+    logits, cache = runner(state, tokens, cache, valid, last_only=True)
     key, sub = jax.random.split(key)
     tok, lp = sample_tokens(logits[:, -1], sub, sampling)
+    return tok, lp, logits[:, -1], cache, key
+
+
+def _decode_core(runner, state, tok, cache, key, sampling: SamplingParams):
+    """One token per row through the cache: (next tok [B], logprob [B], logits [B, V], cache,
+    key)."""
+    logits, cache = runner(state, tok[:, None], cache)
+    key, sub = jax.random.split(key)
+    tok, lp = sample_tokens(logits[:, 0], sub, sampling)
+    return tok, lp, logits[:, 0], cache, key
+
+
+@functools.partial(jax.jit, static_argnames=("runner", "cache_size", "out_len", "sampling"))
+def _generate(runner, state, tokens, valid, seed, max_new, stop_ids, *, cache_size: int,
+              out_len: int, sampling: SamplingParams):
+    """tokens/valid [B, Tp], seed int32 [] -> (out int32 [B, out_len] (-1 after stop),
+    logprobs [B, out_len], steps int32 [])."""
+    B = tokens.shape[0]
+    tok, lp, _, cache, key = _prefill_core(runner, state, tokens, valid, jax.random.key(seed),
+                                           cache_size, sampling)
     carry = (jnp.zeros((), jnp.int32), tok, lp, jnp.zeros((B,), bool),
              jnp.full((B, out_len), -1, jnp.int32), jnp.zeros((B, out_len), jnp.float32),
              cache, key)
@@ -115,39 +162,28 @@ def _generate(graphdef, state, tokens, valid, key, max_new, stop_ids, *, cache_s
         out = out.at[:, i].set(jnp.where(done, -1, tok))
         lps = lps.at[:, i].set(jnp.where(done, 0.0, lp))
         done = done | jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
-        logits, cache = model(tok[:, None], cache)
-        key, sub = jax.random.split(key)
-        tok, lp = sample_tokens(logits[:, 0], sub, sampling)
+        tok, lp, _, cache, key = _decode_core(runner, state, tok, cache, key, sampling)
         return i + 1, tok, lp, done, out, lps, cache, key
 
     i, _, _, _, out, lps, _, _ = jax.lax.while_loop(cond, body, carry)
     return out, lps, i
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_size", "sampling"))
-def _prefill(graphdef, state, tokens, valid, key, *, cache_size: int, sampling: SamplingParams):
-    model = nnx.merge(graphdef, state)
-    logits, cache = model(tokens, model.init_cache(tokens.shape[0], cache_size), valid,
-                          last_only=True)
-    key, sub = jax.random.split(key)
-    tok, lp = sample_tokens(logits[:, -1], sub, sampling)
-    return tok, lp, logits[:, -1], cache, key
+@functools.partial(jax.jit, static_argnames=("runner", "cache_size", "sampling"))
+def _prefill(runner, state, tokens, valid, seed, *, cache_size: int, sampling: SamplingParams):
+    return _prefill_core(runner, state, tokens, valid, jax.random.key(seed), cache_size,
+                         sampling)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sampling"), donate_argnames=("cache",))
-def _decode_step(graphdef, state, tok, cache, key, *, sampling: SamplingParams):
-    model = nnx.merge(graphdef, state)
-    logits, cache = model(tok[:, None], cache)
-    key, sub = jax.random.split(key)
-    tok, lp = sample_tokens(logits[:, 0], sub, sampling)
-    return tok, lp, logits[:, 0], cache, key
+@functools.partial(jax.jit, static_argnames=("runner", "sampling"), donate_argnames=("cache",))
+def _decode_step(runner, state, tok, cache, key, *, sampling: SamplingParams):
+    return _decode_core(runner, state, tok, cache, key, sampling)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _full_logits(graphdef, state, tokens, valid):
-    model = nnx.merge(graphdef, state)
-    logits, _ = model(tokens, model.init_cache(tokens.shape[0], tokens.shape[1]), valid)
-    return logits
+@functools.partial(jax.jit, static_argnames=("runner",))
+def _full_logits(runner, state, tokens, valid):
+    cache = runner.init_cache(state, tokens.shape[0], tokens.shape[1])
+    return runner(state, tokens, cache, valid)[0]
 
 
 @dataclasses.dataclass
@@ -172,12 +208,31 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0):
 
 
 class Generator:
-    """Batch generation for a ``CausalLM`` (split once into graph + state; jit at the edges)."""
+    """Batch generation for a ``CausalLM`` (split once into graph + state; jit at the edges).
 
-    def __init__(self, model, *, min_bucket: int = MIN_BUCKET):
-        self.graphdef, self.state = nnx.split(model)
+    With ``mesh`` (a ``jax.sharding.Mesh`` with a "tp" axis, e.g. ``parallel.make_mesh(4)``)
+    the weights are laid out once for tensor parallelism (``parallel.shard_model``; MoE experts
+    expert-parallel or, with ``moe_mode="tensor"``, tensor-split) and every method runs the
+    same jitted prefill / decode loop on the sharded model; results are the same types. Under
+    jax.distributed, every process builds the Generator on a mesh over all processes' devices
+    and makes the same calls.
+    """
+
+    def __init__(self, model, *, min_bucket: int = MIN_BUCKET, mesh=None,
+                 moe_mode: str = "experts"):
+        if mesh is None:
+            graphdef, self.state = nnx.split(model)
+            self.runner = LocalModel(graphdef)
+        else:
+            from .parallel import shard_model
+            self.runner, self.state = shard_model(model, mesh, moe_mode=moe_mode)
         self.config = model.config
         self.min_bucket = min_bucket
+
+    @property
+    def graphdef(self):
+        """The model graph the runner calls (per rank under a mesh)."""
+        return self.runner.graphdef
 
     def _stop_array(self, stop_tokens) -> np.ndarray:
         stop = list(self.config.eos_token_ids if stop_tokens is None else stop_tokens)
@@ -210,12 +265,12 @@ class Generator:
 
         stop_tokens default to the config's eos_token_id(s); pass [] to never stop early."""
         tokens, valid, t_pad, out_len = self._prepare(prompts, max_new_tokens)
-        out, lps, _ = _generate(self.graphdef, self.state, jnp.asarray(tokens),
-                                jnp.asarray(valid), jax.random.key(seed),
-                                jnp.int32(max_new_tokens), jnp.asarray(self._stop_array(
-                                    stop_tokens)),
+        put = self.runner.put
+        out, lps, _ = _generate(self.runner, self.state, put(tokens), put(valid),
+                                put(np.int32(seed)), put(np.int32(max_new_tokens)),
+                                put(self._stop_array(stop_tokens)),
                                 cache_size=t_pad + out_len, out_len=out_len, sampling=sampling)
-        out, lps = np.asarray(out), np.asarray(lps)
+        out, lps = self.runner.host(out), self.runner.host(lps)
         stop = set(self.config.eos_token_ids if stop_tokens is None else stop_tokens)
         toks, lp_rows, reasons = [], [], []
         for b in range(len(prompts)):
@@ -238,24 +293,26 @@ class Generator:
         stop token is not yielded. With ``with_logits`` yield (token, logits float32 [V])."""
         tokens, valid, t_pad, out_len = self._prepare([prompt], max_new_tokens)
         stop = set(self.config.eos_token_ids if stop_tokens is None else stop_tokens)
-        tok, _, logits, cache, key = _prefill(self.graphdef, self.state, jnp.asarray(tokens),
-                                              jnp.asarray(valid), jax.random.key(seed),
-                                              cache_size=t_pad + out_len, sampling=sampling)
+        put, host = self.runner.put, self.runner.host
+        tok, _, logits, cache, key = _prefill(self.runner, self.state, put(tokens), put(valid),
+                                              put(np.int32(seed)), cache_size=t_pad + out_len,
+                                              sampling=sampling)
         for i in range(max_new_tokens):
-            t = int(tok[0])
+            t = int(host(tok)[0])
             if t in stop:
                 return
-            yield (t, np.asarray(logits[0])) if with_logits else t
+            yield (t, host(logits)[0]) if with_logits else t
             if i + 1 < max_new_tokens:
-                tok, _, logits, cache, key = _decode_step(self.graphdef, self.state, tok, cache,
+                tok, _, logits, cache, key = _decode_step(self.runner, self.state, tok, cache,
                                                           key, sampling=sampling)
 
     def logits(self, tokens, valid=None):
         """Full-sequence logits float32 [B, T, V] without a prior cache (for perplexity and as
         the recompute reference of cached decoding)."""
-        tokens = jnp.asarray(tokens, jnp.int32)
-        valid = jnp.ones(tokens.shape, bool) if valid is None else jnp.asarray(valid)
-        return _full_logits(self.graphdef, self.state, tokens, valid)
+        tokens = np.asarray(tokens, np.int32)
+        valid = np.ones(tokens.shape, bool) if valid is None else np.asarray(valid, bool)
+        return _full_logits(self.runner, self.state, self.runner.put(tokens),
+                            self.runner.put(valid))
 
 
 def perplexity(model, ids: Sequence[int], *, ctx: int = 512, max_windows: int | None = None):

@@ -21,15 +21,29 @@ Sharding is done once, at load: ``shard_column`` / ``shard_row`` / ``shard_exper
 ``Exl3Weight`` out on the mesh (one ``NamedSharding`` per leaf); the forwards
 (``tp_column_linear``, ``tp_row_linear``, ``tp_mlp``, ``ep_moe``, ``tensor_split_moe``) wrap
 ``jax.shard_map`` around per-shard calls of ``exl3_jax.ops.trellis_matmul``. Inside a shard_map
-body of your own, use ``column_parallel_matmul`` / ``row_parallel_matmul`` / ``local_moe``.
+body of your own, use ``column_parallel_matmul`` / ``row_parallel_matmul`` / ``local_moe`` (the
+per-rank view of ``exl3_jax.ops.moe``).
 
 Rank-sliced checkpoints (spec 7) carry one independently encoded slice per rank, which is not a
 cut of a common tensor; ``rank_stacked`` puts such slices on the mesh with a leading rank axis
 (each process supplies only the ranks of its own devices, so under jax.distributed every process
 reads only its own slices), and ``rank_sliced_layer`` / ``rank_sliced_moe`` load and run a layer.
 
+A whole ``models.decoder.CausalLM``: ``shard_model`` lays it out and returns a ``ShardedModel``
+that runs the model's own graph per rank (rank-local head counts; q/k/v/gate/up column blocks,
+``RowParallelLinear`` o/down, ``ShardedExperts``, ``GatheredColumnLinear`` head) in one
+shard_map, with the KV cache split by KV heads. Generation and full-sequence logits go through
+``exl3_jax.generate.Generator`` with ``mesh=``, the same jitted prefill / decode loop as on one
+device::
+
+    gen = Generator(model, mesh=make_mesh(4), moe_mode="experts")
+    gen.generate(prompts, max_new_tokens=32)          # GenerationResult, as without a mesh
+    gen.logits(tokens)                                # float32 [B, T, vocab]
+
 Meshes use ``AxisType.Auto`` axes (jax 0.10.2 defaults to Explicit, under which shard_map rejects
 unsharded inputs; shared/spec/jax_gpu_paths.md 7.4), so the same code runs on 0.10.2 and 0.11.2.
+Under jax.distributed the same calls run in every process on a mesh over all processes' devices
+(``put_global`` / ``to_host`` move host values in and out).
 
 Example (a gated MLP at tp=4; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=4
 before importing jax)::
@@ -37,13 +51,6 @@ before importing jax)::
     mesh = make_mesh(4)
     g, u, d = shard_mlp(mesh, gate, up, down, layer="model.layers.0.mlp")   # once, at load
     y = jax.jit(lambda x, g, u, d: tp_mlp(mesh, x, g, u, d))(x, g, u, d)   # [T, H] float32
-
-A decoder layer of your own: lay out with ``shard_attention`` / ``shard_mlp`` and write one
-``jax.shard_map`` body with in_specs ``column_specs`` / ``row_specs`` of those weights, calling
-``column_parallel_matmul`` for q/k/v/gate/up and ``row_parallel_matmul`` for o/down.
-A whole ``models.decoder.CausalLM`` does exactly that in ``make_tp_forward`` / ``tp_logits``::
-
-    logits = tp_logits(model, make_mesh(4), tokens, moe_mode="experts")   # [B, T, vocab] fp32
 """
 
 from __future__ import annotations
@@ -55,10 +62,14 @@ from typing import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .format.spec import HADAMARD_BLOCK, TILE
-from .ops import combine_matrix, pad_input, trellis_matmul
+from .nn import (Exl3Experts, Exl3Linear, KVCache, MoEBlock, exl3_forward, fp16_operand,
+                 init_cache)
+from .ops import moe, moe_experts, moe_tiered, pad_input, stack_w13, trellis_matmul
+from .ops.moe import can_stack_w13
 from .trellis import Exl3Weight
 
 TP_AXIS = "tp"
@@ -291,11 +302,13 @@ def row_specs(weight: Exl3Weight, axis: str = TP_AXIS) -> Exl3Weight:
 
 
 def expert_specs(weight: Exl3Weight, axis: str = TP_AXIS) -> Exl3Weight:
-    """PartitionSpecs that split the leading expert axis of a stacked weight over ``axis``."""
+    """PartitionSpecs that split the expert axis (the last stack axis: down [E, ...], w13
+    [2, E, ...]) of a stacked weight over ``axis``."""
     if not weight.stack_shape:
         raise ValueError("expert_specs needs a stacked weight [E, ...]")
-    return dataclasses.replace(weight, trellis=P(axis), suh=P(axis), svh=P(axis),
-                               bias=None if weight.bias is None else P(axis))
+    spec = P(*(None,) * (len(weight.stack_shape) - 1), axis)
+    return dataclasses.replace(weight, trellis=spec, suh=spec, svh=spec,
+                               bias=None if weight.bias is None else spec)
 
 
 def put_global(x, sharding: NamedSharding):
@@ -376,40 +389,58 @@ def row_parallel_matmul(x_local, w_local: Exl3Weight, axis: str = TP_AXIS, *,
     return jax.lax.psum(row_parallel_partial(x_local, w_local, axis, backend=backend), axis)
 
 
-def _stacked_matmul(x, w_stack: Exl3Weight, backend, *, column_shards: bool):
-    """x [T, d] through every linear of a stack [E, ...] -> [E, T, n_out].
-
-    Whole experts are trimmed to their logical out_features (n_out = out_features); column
-    shards laid out by ``column_parallel_layout`` keep their full width (n_out = n_local, the
-    padded columns are exactly 0).
-    """
-    if column_shards:
-        return jax.vmap(lambda w: column_parallel_matmul(x, w, backend=backend))(w_stack)
-    return jax.vmap(lambda w: trellis_matmul(x, w, backend=backend))(w_stack)
+def gate_up_stack(gate: Exl3Weight, up: Exl3Weight):
+    """The gate/up experts [E, ...] in the layout ``ops`` runs them in: one w13 slab [2, E, ...]
+    (``ops.stack_w13``) when they share K, codebook and shapes, else the pair (gate, up) (the
+    all-experts reference, as ``nn.Exl3Experts`` does)."""
+    return stack_w13(gate, up) if can_stack_w13(gate, up) else (gate, up)
 
 
-def local_moe(x, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, combine, *,
-              act: Callable = jax.nn.silu, down_axis: str | None = None,
-              backend: str | None = None):
-    """Routed MoE output of the experts held here: sum_e combine[:, e] * down_e(act(g_e) * u_e).
+def _each(gate_up, fn):
+    """fn applied to a w13 slab, or to both weights of a (gate, up) pair."""
+    return fn(gate_up) if isinstance(gate_up, Exl3Weight) else tuple(fn(w) for w in gate_up)
 
-    x [T, H]; gate/up stacked [E_l, ...] (possibly column shards of every expert), down stacked
-    [E_l, ...]; for tensor-split experts (gate/up column shards from ``shard_experts(mode=
-    "tensor")``, down row shards) pass ``down_axis``, the axis they are split over;
-    combine float32 [T, E_l] (zero = not routed here). Returns float32 [T, H_out], the partial sum
-    to be psum-ed over the expert (or tensor) axis. Unrouted pairs contribute exactly 0, even when
-    an expert output is not finite.
-    """
-    split = down_axis is not None
-    h = (act(_stacked_matmul(x, gate, backend, column_shards=split))
-         * _stacked_matmul(x, up, backend, column_shards=split))                    # [E, T, I_l]
+
+def _rank_experts(gate_up, down: Exl3Weight, down_axis: str | None):
+    """One rank's experts as ``ops`` takes them. With ``down_axis`` (tensor-split or rank-sliced
+    experts) the gate/up column shards keep all their columns (padded ones are exactly 0), down
+    takes its k rows, and its bias is added on rank 0 of the split only."""
     if down_axis is None:
-        y = jax.vmap(lambda hi, w: trellis_matmul(hi, w, backend=backend))(h, down)
-    else:
-        y = jax.vmap(lambda hi, w: row_parallel_partial(hi, w, down_axis, backend=backend))(
-            h, down)                                                               # [E, T, H]
-    c = jnp.moveaxis(combine, -1, 0)[..., None]                                    # [E, T, 1]
-    return jnp.sum(jnp.where(c != 0, c * y, 0.0), axis=0)
+        return gate_up, down
+    bias = down.bias
+    if bias is not None:
+        on_rank0 = jax.lax.axis_index(down_axis) == 0
+        bias = jnp.where(on_rank0, bias, jnp.zeros((), bias.dtype))
+    return (_each(gate_up, lambda w: dataclasses.replace(w, out_features=w.n)),
+            dataclasses.replace(down, in_features=down.k, bias=bias))
+
+
+def local_moe(x, gate_up, down: Exl3Weight, ids, weights, *, first_expert=0,
+              down_axis: str | None = None, x_scale=None, backend: str | None = None):
+    """Routed MoE output of the experts held here, inside a shard_map body: the rank's view of
+    ``exl3_jax.ops.moe`` (which runs the expert loop / grouped kernel).
+
+    Args:
+      x: [T, H] (replicated); ids int [T, k] global expert ids, weights [T, k] (replicated).
+      gate_up: this rank's gate/up experts as ``gate_up_stack`` makes them: a w13 slab
+        [2, E_l, ...] (plane 0 gate, 1 up) or a pair (gate [E_l, ...], up [E_l, ...]);
+        down: [E_l, ...]. Expert parallel: whole experts ``first_expert .. first_expert +
+        E_l - 1`` (first_expert may be traced, e.g. ``axis_index * E_l``). Tensor-split
+        experts (``down_axis`` = the axis they are split over): the I slice of every expert,
+        gate/up column shards (``shard_experts(mode="tensor")`` or rank-sliced), down row
+        shards.
+      x_scale: optional float32 [T, 1]: x is a scaled fp16 operand (see ``ops.moe``).
+      backend: the MoE backend of ``ops.moe`` (w13 slabs; a pair always runs the reference).
+    Returns:
+      float32 [T, H_out]: this rank's partial sum, to be psum-ed over the expert (or tensor)
+      axis. Routes to experts held elsewhere carry no weight here (their local id falls outside
+      [0, E_l)).
+    """
+    gate_up, down = _rank_experts(gate_up, down, down_axis)
+    local_ids = jnp.asarray(ids) - first_expert                                    # [T, k]
+    if isinstance(gate_up, Exl3Weight):
+        return moe(x, local_ids, weights, gate_up, down, x_scale=x_scale, backend=backend)
+    return moe_experts(x, local_ids, weights, *gate_up, down, x_scale=x_scale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,69 +527,75 @@ def tp_mlp(mesh: Mesh, x, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, *,
 # --------------------------------------------------------------------------------------------
 # mixture of experts: expert parallel and tensor-split experts
 
-def shard_experts(mesh: Mesh, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, *,
-                  layer: str, mode: str = "experts", axis: str = TP_AXIS
-                  ) -> tuple[Exl3Weight, Exl3Weight, Exl3Weight]:
-    """Lay out stacked experts [E, ...] on ``mesh``.
+def shard_experts(mesh: Mesh, gate_up, down: Exl3Weight, *, layer: str, mode: str = "experts",
+                  axis: str = TP_AXIS):
+    """Lay out one layer's experts on ``mesh``: ``gate_up`` as ``gate_up_stack`` makes it (w13
+    [2, E, ...] or a (gate, up) pair of [E, ...]) and down [E, ...]; returns them laid out.
 
     mode "experts": contiguous expert ranges per rank (E % size == 0).
     mode "tensor": every expert split like an MLP (gate/up column on I, down row on I); the
     shard of I must be a multiple of 128 (ShardingError naming the layer otherwise).
     """
     size = mesh.shape[axis]
-    if len(gate.stack_shape) != 1 or len({gate.stack_shape, up.stack_shape,
-                                          down.stack_shape}) != 1:
-        raise ShardingError(f"experts must be stacked on one leading axis, got "
-                            f"{gate.stack_shape}, {up.stack_shape}, {down.stack_shape}",
-                            layer=layer)
+    num_experts = down.stack_shape[0] if len(down.stack_shape) == 1 else None
+    stacks = [gate_up] if isinstance(gate_up, Exl3Weight) else list(gate_up)
+    lead_ok = all(w.stack_shape[-1:] == (num_experts,) and
+                  len(w.stack_shape) == (2 if isinstance(gate_up, Exl3Weight) else 1)
+                  for w in stacks)
+    if num_experts is None or not lead_ok or (isinstance(gate_up, Exl3Weight)
+                                              and gate_up.stack_shape[0] != 2):
+        raise ShardingError(f"experts must be w13 [2, E] (or gate [E], up [E]) and down [E] "
+                            f"stacks, got {[w.stack_shape for w in stacks]}, "
+                            f"{down.stack_shape}", layer=layer)
     if mode == "experts":
-        expert_partition(gate.stack_shape[0], size, layer=layer)
-        return tuple(place(mesh, w, expert_specs(w, axis)) for w in (gate, up, down))
+        expert_partition(num_experts, size, layer=layer)
+        return (_each(gate_up, lambda w: place(mesh, w, expert_specs(w, axis))),
+                place(mesh, down, expert_specs(down, axis)))
     if mode == "tensor":
-        names = ("gate_proj", "up_proj", "down_proj")
-        for name, w, dim in zip(names, (gate, up, down), (gate.n, up.n, down.k)):
-            even_partition(dim, size, layer=f"{layer}.experts.{name}",
+        if any(w.n != down.k for w in stacks):
+            raise ShardingError(f"gate/up n ({[w.n for w in stacks]}) and down k ({down.k}) "
+                                f"disagree", layer=layer)
+        name = "gate_up_proj" if isinstance(gate_up, Exl3Weight) else "gate_proj"
+        for proj, dim in ((name, stacks[0].n), ("down_proj", down.k)):
+            even_partition(dim, size, layer=f"{layer}.experts.{proj}",
                            what="expert intermediate size")
-        return shard_mlp(mesh, gate, up, down, layer=f"{layer}.experts", axis=axis)
+        return (_each(gate_up, lambda w: shard_column(mesh, w, layer=f"{layer}.experts.{name}",
+                                                      axis=axis)),
+                shard_row(mesh, down, layer=f"{layer}.experts.down_proj", axis=axis))
     raise ValueError(f"unknown MoE parallel mode {mode!r}; use 'experts' or 'tensor'")
 
 
-def ep_moe(mesh: Mesh, x, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, topk_ids,
-           topk_weights, *, act: Callable = jax.nn.silu, axis: str = TP_AXIS,
-           partials: bool = False, backend: str | None = None):
+def ep_moe(mesh: Mesh, x, gate_up, down: Exl3Weight, topk_ids, topk_weights, *,
+           axis: str = TP_AXIS, partials: bool = False, backend: str | None = None):
     """Expert-parallel routed MoE on ``shard_experts(mode="experts")`` weights.
 
-    x [T, H], topk_ids int [T, k], topk_weights [T, k] (replicated). Each rank runs its contiguous
-    expert range; routes to other ranks' experts contribute exactly 0; one psum. Returns float32
-    [T, H_out], or with ``partials=True`` the per-rank outputs before the psum [size, T, H_out].
+    gate_up: w13 or (gate, up), see ``shard_experts``. x [T, H], topk_ids int [T, k],
+    topk_weights [T, k] (replicated). Each rank runs its contiguous expert range; routes to other
+    ranks' experts get no weight there; one psum. Returns float32 [T, H_out], or with
+    ``partials=True`` the per-rank outputs before the psum [size, T, H_out].
     """
-    num_local = gate.stack_shape[0] // mesh.shape[axis]
+    num_local = down.stack_shape[0] // mesh.shape[axis]
 
-    def body(xx, g, u, d, ids, wts):
+    def body(xx, w, d, ids, wts):
         first = jax.lax.axis_index(axis) * num_local
-        y = local_moe(xx, g, u, d, combine_matrix(ids, wts, num_local, first), act=act,
-                      backend=backend)
+        y = local_moe(xx, w, d, ids, wts, first_expert=first, backend=backend)
         return y[None] if partials else jax.lax.psum(y, axis)
-    specs = (P(), expert_specs(gate, axis), expert_specs(up, axis), expert_specs(down, axis),
+    specs = (P(), _each(gate_up, lambda w: expert_specs(w, axis)), expert_specs(down, axis),
              P(), P())
     return _shard_map(mesh, body, specs, P(axis) if partials else P())(
-        x, gate, up, down, topk_ids, topk_weights)
+        x, gate_up, down, topk_ids, topk_weights)
 
 
-def tensor_split_moe(mesh: Mesh, x, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight,
-                     topk_ids, topk_weights, *, act: Callable = jax.nn.silu,
-                     axis: str = TP_AXIS, backend: str | None = None):
+def tensor_split_moe(mesh: Mesh, x, gate_up, down: Exl3Weight, topk_ids, topk_weights,
+                     *, axis: str = TP_AXIS, backend: str | None = None):
     """Routed MoE with every expert tensor-split (``shard_experts(mode="tensor")``): each rank
     computes all experts on its I slice; one psum. Returns float32 [T, H_out]."""
-    num_experts = gate.stack_shape[0]
-
-    def body(xx, g, u, d, ids, wts):
-        combine = combine_matrix(ids, wts, num_experts)
-        return jax.lax.psum(local_moe(xx, g, u, d, combine, act=act, down_axis=axis,
-                                      backend=backend), axis)
-    specs = (P(), column_specs(gate, axis), column_specs(up, axis), row_specs(down, axis),
-             P(), P())
-    return _shard_map(mesh, body, specs, P())(x, gate, up, down, topk_ids, topk_weights)
+    def body(xx, w, d, ids, wts):
+        return jax.lax.psum(local_moe(xx, w, d, ids, wts, down_axis=axis, backend=backend),
+                            axis)
+    specs = (P(), _each(gate_up, lambda w: column_specs(w, axis)), row_specs(down, axis), P(),
+             P())
+    return _shard_map(mesh, body, specs, P())(x, gate_up, down, topk_ids, topk_weights)
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,7 +640,8 @@ def rank_stacked(mesh: Mesh, slices: Mapping[int, Exl3Weight], *,
 
 def rank_stacked_specs(weight: Exl3Weight, axis: str = TP_AXIS) -> Exl3Weight:
     """PartitionSpecs of a ``rank_stacked`` weight (leading rank axis over ``axis``)."""
-    return expert_specs(weight, axis)
+    return dataclasses.replace(weight, trellis=P(axis), suh=P(axis), svh=P(axis),
+                               bias=None if weight.bias is None else P(axis))
 
 
 def unstack_rank(w_block: Exl3Weight) -> Exl3Weight:
@@ -616,9 +654,10 @@ def rank_sliced_layer(mesh: Mesh, checkpoints: Mapping[int, object], layer: int,
     """Load one MoE layer of a rank-sliced checkpoint onto ``mesh``.
 
     checkpoints: rank -> ``exl3_jax.format.rank_sliced.RankSlicedCheckpoint`` opened for that
-    rank (the ranks of this process' devices). Returns (gate, up, down, tier_experts): for each
-    projection a dict K -> rank-stacked Exl3Weight [tp, n_K, ...], and tier_experts K -> the
-    global expert ids of that K tier (ascending), as ``rank_sliced_moe`` takes them.
+    rank (the ranks of this process' devices). Returns (w13, down, tier_experts): dicts K ->
+    rank-stacked Exl3Weight, w13 [tp, 2, n_K, ...] (gate, up; ``ops.stack_w13`` per rank) and
+    down [tp, n_K, ...], and tier_experts K -> the global expert ids of that K tier
+    (ascending), as ``rank_sliced_moe`` takes them.
     """
     tp = mesh.shape[axis]
     for r, ckpt in checkpoints.items():
@@ -629,253 +668,280 @@ def rank_sliced_layer(mesh: Mesh, checkpoints: Mapping[int, object], layer: int,
     any_stack = next(iter(stacks.values()))["gate_proj"]
     tier_experts = {K: tuple(e for e, k in enumerate(any_stack.expert_k) if k == K)
                     for K in sorted(any_stack.tiers)}
-    out = []
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-        out.append({K: rank_stacked(mesh, {r: s[proj].tiers[K] for r, s in stacks.items()},
-                                    axis=axis) for K in tier_experts})
-    return (*out, tier_experts)
+    w13 = {K: rank_stacked(mesh, {r: stack_w13(s["gate_proj"].tiers[K], s["up_proj"].tiers[K])
+                                  for r, s in stacks.items()}, axis=axis)
+           for K in tier_experts}
+    down = {K: rank_stacked(mesh, {r: s["down_proj"].tiers[K] for r, s in stacks.items()},
+                            axis=axis) for K in tier_experts}
+    return w13, down, tier_experts
 
 
-def rank_sliced_moe(mesh: Mesh, x, gate: Mapping[int, Exl3Weight],
-                    up: Mapping[int, Exl3Weight], down: Mapping[int, Exl3Weight],
+def rank_sliced_moe(mesh: Mesh, x, w13: Mapping[int, Exl3Weight], down: Mapping[int, Exl3Weight],
                     tier_experts: Mapping[int, Sequence[int]], topk_ids, topk_weights, *,
-                    act: Callable = jax.nn.silu, axis: str = TP_AXIS,
-                    backend: str | None = None):
+                    axis: str = TP_AXIS, backend: str | None = None):
     """Routed MoE on rank-sliced experts (from ``rank_sliced_layer``): rank r runs every expert
-    on its own slice (gate/up: its I_r output columns, down: its I_r input rows), one psum.
+    on its own slice (gate/up: its I_r output columns, down: its I_r input rows) through
+    ``ops.moe_tiered`` (one stack per K tier), one psum.
 
     x [T, H], topk_ids int [T, k], topk_weights [T, k] replicated. Returns float32 [T, H].
     """
-    num_experts = sum(len(v) for v in tier_experts.values())
     tiers = sorted(tier_experts)
+    num_experts = sum(len(tier_experts[K]) for K in tiers)
+    expert_tier = np.full(num_experts, -1, np.int32)        # global expert -> (tier, slot)
+    expert_slot = np.zeros(num_experts, np.int32)
+    for t, K in enumerate(tiers):
+        expert_tier[list(tier_experts[K])] = t
+        expert_slot[list(tier_experts[K])] = np.arange(len(tier_experts[K]))
 
-    def body(xx, g, u, d, ids, wts):
-        combine = combine_matrix(ids, wts, num_experts)               # [T, E]
-        y = 0.0
-        for K in tiers:
-            sel = np.asarray(tier_experts[K])
-            y = y + local_moe(xx, unstack_rank(g[K]), unstack_rank(u[K]), unstack_rank(d[K]),
-                              combine[:, sel], act=act, down_axis=axis, backend=backend)
+    def body(xx, w, d, ids, wts):
+        stacks = [_rank_experts(unstack_rank(w[K]), unstack_rank(d[K]), axis) for K in tiers]
+        y = moe_tiered(xx, ids, wts, stacks, expert_tier, expert_slot, backend=backend)
         return jax.lax.psum(y, axis)
 
-    specs = tuple({K: rank_stacked_specs(w[K], axis) for K in tiers} for w in (gate, up, down))
+    specs = tuple({K: rank_stacked_specs(ws[K], axis) for K in tiers} for ws in (w13, down))
     return _shard_map(mesh, body, (P(), *specs, P(), P()), P())(
-        x, {K: gate[K] for K in tiers}, {K: up[K] for K in tiers}, {K: down[K] for K in tiers},
-        topk_ids, topk_weights)
+        x, {K: w13[K] for K in tiers}, {K: down[K] for K in tiers}, topk_ids, topk_weights)
 
 
 # --------------------------------------------------------------------------------------------
-# a whole model (models.decoder.CausalLM) under tensor parallelism
+# a whole model (models.decoder.CausalLM) under tensor parallelism, with its KV cache
+
+class RowParallelLinear(nnx.Module):
+    """A row-parallel EXL3 linear as a model module: this rank's input rows, then the psum.
+
+    ``weight``: a ``shard_row`` weight with in_features = the rank's k (its arrays are global
+    while the model is laid out; inside the shard_map body only the rank's block arrives).
+    x [..., k_local] -> [..., out_features] in x's dtype, replicated over ``axis``. Same
+    numerics policy as ``Exl3Linear`` (``nn.exl3_forward``); the bias is added after the sum.
+    """
+
+    def __init__(self, weight: Exl3Weight, axis: str):
+        self.weight = nnx.data(weight)
+        self.axis = axis
+
+    def __call__(self, x):
+        partial = exl3_forward(x, dataclasses.replace(self.weight, bias=None))   # [..., n] f32
+        y = jax.lax.psum(partial, self.axis)
+        if self.weight.bias is not None:
+            y = y + self.weight.bias[..., :y.shape[-1]].astype(jnp.float32)
+        return y.astype(x.dtype)
+
+
+class GatheredColumnLinear(nnx.Module):
+    """A column-parallel EXL3 head: each rank computes its vocabulary block, then every rank
+    gets the full logits (so sampling runs on replicated values).
+
+    ``weight``: a ``shard_column`` weight with out_features = the rank's n; ``out_features``:
+    the logical width of the whole head; ``tp``: the size of ``axis``. ``forward_f32`` (what
+    ``CausalLM.head`` calls): x [..., H] -> float32 [..., out_features].
+    """
+
+    def __init__(self, weight: Exl3Weight, out_features: int, axis: str, tp: int):
+        self.weight = nnx.data(weight)
+        self.out_features = out_features
+        self.axis, self.tp = axis, tp
+
+    def forward_f32(self, x):
+        block = exl3_forward(x, self.weight)                                   # [..., n_local]
+        n_local = block.shape[-1]
+        # the gather as a psum of disjoint blocks (exact: the other entries are 0), because
+        # shard_map can check that a psum result is replicated (an all_gather's it cannot)
+        full = jnp.zeros(block.shape[:-1] + (self.tp * n_local,), jnp.float32)
+        full = jax.lax.dynamic_update_slice_in_dim(
+            full, block, jax.lax.axis_index(self.axis) * n_local, axis=block.ndim - 1)
+        return jax.lax.psum(full, self.axis)[..., :self.out_features]          # [..., vocab]
+
+    def __call__(self, x):
+        return self.forward_f32(x).astype(x.dtype)
+
+
+class ShardedExperts(nnx.Module):
+    """Routed experts of one MoE layer as a model module (replaces ``nn.Exl3Experts``).
+
+    ``gate_up``: a w13 slab or a (gate, up) pair (``gate_up_stack``). mode "experts": the rank
+    holds a contiguous expert range ([E/tp, ...] stacks); "tensor": the I slice of every expert
+    (gate/up column, down row shards). Calls ``local_moe`` and psums over ``axis``: x [T, H],
+    ids/weights [T, k] -> float32 [T, H].
+    """
+
+    def __init__(self, gate_up, down: Exl3Weight, *, num_experts: int, mode: str, axis: str):
+        self.gate_up, self.down = nnx.data(gate_up), nnx.data(down)
+        self.num_experts = num_experts        # all experts of the layer (the router's width)
+        self.mode, self.axis = mode, axis
+
+    def __call__(self, x, ids, weights):
+        if self.mode == "experts":
+            first = jax.lax.axis_index(self.axis) * self.down.stack_shape[0]
+            down_axis = None
+        else:
+            first, down_axis = 0, self.axis
+        # numerics policy of nn.Exl3Experts: fp32 as is, bf16 as a scaled fp16 operand
+        xs, scale = (x, None) if x.dtype == jnp.float32 else fp16_operand(x)
+        y = local_moe(xs, self.gate_up, self.down, ids, weights, first_expert=first,
+                      down_axis=down_axis, x_scale=scale)
+        return jax.lax.psum(y, self.axis)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardedModel:
+    """A ``CausalLM`` laid out on a mesh (from ``shard_model``), called like the model.
+
+    ``self(state, tokens, cache, token_valid, last_only=...)`` runs the per-rank model graph in
+    one ``jax.shard_map`` and returns (logits float32 [B, T or 1, vocab] replicated, cache);
+    the KV cache keeps each rank's KV heads ([B, S, tp * kv_local, D] globally, split over
+    ``axis``; replicated KV heads appear once per rank). ``init_cache``, ``put`` and ``host``
+    complete the model-runner interface of ``exl3_jax.generate`` (``Generator(model,
+    mesh=...)``). Hashed by identity (a static argument of the jitted generate functions).
+    """
+    graphdef: nnx.GraphDef          # the per-rank model: local head counts, rank-local linears
+    specs: object                   # PartitionSpec of every state leaf
+    mesh: Mesh
+    axis: str
+    cache_shape: tuple[int, int, int]   # (layers, KV heads over all ranks, head_dim)
+    dtype: str                      # activation (and KV cache) dtype
+
+    def cache_specs(self) -> KVCache:
+        kv = P(None, None, self.axis, None)
+        layers = self.cache_shape[0]
+        return KVCache(k=(kv,) * layers, v=(kv,) * layers, valid=P(), pos=P(), slot=P())
+
+    def init_cache(self, state, batch: int, size: int) -> KVCache:
+        """An empty sharded cache (inside jit). ``state`` is unused (interface of generate)."""
+        del state
+        layers, heads, head_dim = self.cache_shape
+        cache = init_cache(layers, batch, size, heads, head_dim, self.dtype)
+        shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.cache_specs())
+        return jax.lax.with_sharding_constraint(cache, shardings)
+
+    def __call__(self, state, tokens, cache: KVCache, token_valid=None, *,
+                 last_only: bool = False):
+        """tokens int32 [B, T], token_valid bool [B, T] (replicated) -> (logits, cache)."""
+        if token_valid is None:
+            token_valid = jnp.ones(tokens.shape, bool)
+
+        def body(local_state, tok, local_cache, valid):
+            model = nnx.merge(self.graphdef, local_state)
+            return model(tok, local_cache, valid, last_only=last_only)
+
+        cache_specs = self.cache_specs()
+        return _shard_map(self.mesh, body, (self.specs, P(), cache_specs, P()),
+                          (P(), cache_specs))(state, tokens, cache, token_valid)
+
+    def put(self, x):
+        """A host array every process holds -> replicated on the mesh."""
+        return put_global(np.asarray(x), NamedSharding(self.mesh, P()))
+
+    def host(self, x) -> np.ndarray:
+        return to_host(x)
+
 
 def _exl3_weight(module, name: str) -> Exl3Weight:
-    from .nn import Exl3Linear
     if not isinstance(module, Exl3Linear):
-        raise NotImplementedError(f"{name}: the tensor-parallel model forward needs EXL3 "
-                                  f"linears, got {type(module).__name__}")
+        raise NotImplementedError(f"{name}: the tensor-parallel model needs EXL3 linears, got "
+                                  f"{type(module).__name__}")
     return module.weight
 
 
-def make_tp_forward(model, mesh: Mesh, *, moe_mode: str = "experts", axis: str = TP_AXIS,
-                    backend: str | None = None):
-    """Lay a ``models.decoder.CausalLM`` out on ``mesh`` and build its tensor-parallel forward.
+def _column_local(weight: Exl3Weight, tp: int) -> Exl3Weight:
+    """Statics of one rank's block of a laid-out column-parallel weight (all n_local columns;
+    padded ones are exactly 0)."""
+    return dataclasses.replace(weight, out_features=weight.n // tp)
 
-    Per layer: attention by heads (q column-parallel by whole heads, k/v by KV heads, replicated
-    when tp > num_kv_heads, o row-parallel + psum), a dense MLP gate/up column / down row + psum,
-    MoE experts expert-parallel (``moe_mode="experts"``) or tensor-split (``"tensor"``) with a
-    replicated router and shared experts split like an MLP; embeddings and norms replicated;
-    the EXL3 lm_head column-parallel (a tied / plain head runs replicated). The decoder stack is
-    one ``jax.shard_map``; the head a column-parallel shard_map after it.
 
-    Full sequences without a cache (causal mask, positions 0..T-1), fp32 activations whatever
-    ``model.dtype`` is. Every linear must be an EXL3 linear (not ``cache_dequantized``). Raises
-    ``ShardingError`` (naming the layer) when a weight cannot be split over ``mesh``.
+def _row_local(weight: Exl3Weight, tp: int) -> Exl3Weight:
+    """Statics of one rank's block of a row-parallel weight (its k_local input rows)."""
+    return dataclasses.replace(weight, in_features=weight.k // tp)
 
-    Returns ``(forward, params)``: ``forward(params, tokens int [B, T])`` is jitted and returns
-    float32 logits [B, T, vocab]; ``params`` is the pytree of weights placed on the mesh (done
-    once here).
+
+def _shard_gated_mlp(mesh: Mesh, mlp, name: str, axis: str) -> None:
+    """In place: gate/up -> rank-local column blocks, down -> RowParallelLinear."""
+    tp = mesh.shape[axis]
+    g, u, d = shard_mlp(mesh, *(_exl3_weight(getattr(mlp, f"{p}_proj"), f"{name}.{p}_proj")
+                                for p in ("gate", "up", "down")), layer=name, axis=axis)
+    mlp.gate_proj, mlp.up_proj = Exl3Linear(_column_local(g, tp)), Exl3Linear(_column_local(u, tp))
+    mlp.down_proj = RowParallelLinear(_row_local(d, tp), axis)
+
+
+def _on_mesh(x, mesh: Mesh) -> bool:
+    sharding = getattr(x, "sharding", None)
+    return isinstance(sharding, NamedSharding) and sharding.mesh == mesh
+
+
+def shard_model(model, mesh: Mesh, *, moe_mode: str = "experts",
+                axis: str = TP_AXIS) -> tuple[ShardedModel, nnx.State]:
+    """Lay a ``models.decoder.CausalLM`` out on ``mesh`` for tensor/expert parallel inference.
+
+    Per layer: q column-parallel by whole heads, k/v by KV heads (replicated when tp >
+    num_kv_heads), o row-parallel + psum; a dense MLP (and shared experts) gate/up column, down
+    row + psum; routed experts expert-parallel (``moe_mode="experts"``, contiguous ranges) or
+    tensor-split (``"tensor"``) + psum, the router replicated; embeddings, norms and a tied or
+    plain head replicated; an EXL3 lm_head column-parallel + all-gather. The per-rank graph is
+    the model's own (``CausalLM.__call__``, attention with the KV cache, routing), with
+    rank-local head counts and linears, so single-device and parallel runs share one code path.
+
+    Every linear must be an EXL3 linear (dequantized caches are ignored). Raises
+    ``ShardingError`` (naming the layer) when a weight cannot be split over ``mesh``, or
+    ``NotImplementedError`` for a plain linear / plain experts.
+
+    Returns ``(sharded, state)``: ``sharded(state, tokens, cache, valid)`` as ``ShardedModel``
+    describes, ``state`` the weights placed on the mesh (done once, here). Generation:
+    ``exl3_jax.generate.Generator(model, mesh=mesh)``.
     """
-    from .nn import Exl3Experts, Exl3Linear, MoEBlock, apply_rope, gqa_attention
-    from .nn.moe import route_sigmoid_topk, route_softmax_topk
-    from .nn.norm import rms_norm
-
     if moe_mode not in ("experts", "tensor"):
         raise ValueError(f"unknown MoE parallel mode {moe_mode!r}; use 'experts' or 'tensor'")
-    c = model.config
     tp = mesh.shape[axis]
-    rep = lambda a: put_global(jnp.asarray(a), NamedSharding(mesh, P()))   # noqa: E731
-    params: dict = {"embed": rep(model.embed_tokens.table[...]),
-                    "norm": rep(model.norm.weight[...]), "layers": []}
-    specs: dict = {"embed": P(), "norm": P(), "layers": []}
-    statics = []
-    for i, layer in enumerate(model.layers):
+    local = nnx.clone(model)                 # same arrays; its linears are replaced below
+    for i, layer in enumerate(local.layers):
         name = f"model.layers.{i}"
         att = layer.self_attn
-        q, k, v, o = (_exl3_weight(getattr(att, f"{p}_proj"), f"{name}.self_attn.{p}_proj")
-                      for p in "qkvo")
-        q, k, v, o = shard_attention(mesh, q, k, v, o, num_heads=att.num_heads,
-                                     num_kv_heads=att.num_kv_heads, head_dim=att.head_dim,
-                                     layer=f"{name}.self_attn", axis=axis)
-        lp = {"ln1": rep(layer.input_layernorm.weight[...]),
-              "ln2": rep(layer.post_attention_layernorm.weight[...]),
-              "q": q, "k": k, "v": v, "o": o}
-        ls = {"ln1": P(), "ln2": P(), "q": column_specs(q, axis), "k": column_specs(k, axis),
-              "v": column_specs(v, axis), "o": row_specs(o, axis)}
-        st = dict(heads=att.num_heads // tp, kv_heads=max(1, att.num_kv_heads // tp),
-                  head_dim=att.head_dim, rope=att.rope,
-                  eps1=layer.input_layernorm.eps, eps2=layer.post_attention_layernorm.eps,
-                  qk_norm=att.q_norm is not None)
-        if att.q_norm is not None:
-            lp["qn"], lp["kn"] = rep(att.q_norm.weight[...]), rep(att.k_norm.weight[...])
-            ls["qn"], ls["kn"] = P(), P()
-            st["qn_eps"], st["kn_eps"] = att.q_norm.eps, att.k_norm.eps
+        q, k, v, o = shard_attention(
+            mesh, *(_exl3_weight(getattr(att, f"{p}_proj"), f"{name}.self_attn.{p}_proj")
+                    for p in "qkvo"),
+            num_heads=att.num_heads, num_kv_heads=att.num_kv_heads, head_dim=att.head_dim,
+            layer=f"{name}.self_attn", axis=axis)
+        att.q_proj, att.k_proj, att.v_proj = (Exl3Linear(_column_local(w, tp)) for w in (q, k, v))
+        att.o_proj = RowParallelLinear(_row_local(o, tp), axis)
+        att.num_heads, att.num_kv_heads = att.num_heads // tp, max(1, att.num_kv_heads // tp)
         mlp = layer.mlp
         if isinstance(mlp, MoEBlock):
             if not isinstance(mlp.experts, Exl3Experts):
                 raise NotImplementedError(f"{name}.mlp: tensor parallelism needs EXL3 experts")
             ex = mlp.experts
-            g, u, d = shard_experts(mesh, ex.gate, ex.up, ex.down, layer=f"{name}.mlp",
-                                    mode=moe_mode, axis=axis)
-            router = mlp.router
-            lp["router_w"] = rep(router.w[...])
-            ls["router_w"] = P()
-            if router.b is not None:
-                lp["router_b"], ls["router_b"] = rep(router.b[...]), P()
-            if mlp.score_bias is not None:
-                lp["score_bias"], ls["score_bias"] = rep(mlp.score_bias[...]), P()
-            lp.update(eg=g, eu=u, ed=d)
-            if moe_mode == "experts":
-                ls.update(eg=expert_specs(g, axis), eu=expert_specs(u, axis),
-                          ed=expert_specs(d, axis))
-            else:
-                ls.update(eg=column_specs(g, axis), eu=column_specs(u, axis),
-                          ed=row_specs(d, axis))
-            st.update(kind="moe", top_k=mlp.top_k, router_kind=mlp.router_kind,
-                      renormalize=mlp.renormalize, scaling=mlp.routed_scaling_factor,
-                      num_experts=ex.num_experts,
-                      num_local=ex.num_experts // tp if moe_mode == "experts" else ex.num_experts,
-                      shared=mlp.shared is not None)
+            gate_up, down = shard_experts(mesh, gate_up_stack(ex.gate, ex.up), ex.down,
+                                          layer=f"{name}.mlp", mode=moe_mode, axis=axis)
+            if moe_mode == "tensor":
+                gate_up = _each(gate_up, lambda w: _column_local(w, tp))
+                down = _row_local(down, tp)
+            mlp.experts = ShardedExperts(gate_up, down, num_experts=ex.num_experts,
+                                         mode=moe_mode, axis=axis)
             if mlp.shared is not None:
-                sh = mlp.shared
-                sg, su, sd = shard_mlp(
-                    mesh, *(_exl3_weight(getattr(sh, f"{p}_proj"),
-                                         f"{name}.mlp.shared_experts.{p}_proj")
-                            for p in ("gate", "up", "down")),
-                    layer=f"{name}.mlp.shared_experts", axis=axis)
-                lp.update(sg=sg, su=su, sd=sd)
-                ls.update(sg=column_specs(sg, axis), su=column_specs(su, axis),
-                          sd=row_specs(sd, axis))
+                _shard_gated_mlp(mesh, mlp.shared, f"{name}.mlp.shared_experts", axis)
         else:
-            g, u, d = shard_mlp(mesh, *(_exl3_weight(getattr(mlp, f"{p}_proj"),
-                                                     f"{name}.mlp.{p}_proj")
-                                        for p in ("gate", "up", "down")),
-                                layer=f"{name}.mlp", axis=axis)
-            lp.update(g=g, u=u, d=d)
-            ls.update(g=column_specs(g, axis), u=column_specs(u, axis), d=row_specs(d, axis))
-            st["kind"] = "mlp"
-        params["layers"].append(lp)
-        specs["layers"].append(ls)
-        statics.append(st)
-
-    head = model.lm_head
-    if head is None:
-        head_kind = "tied"
-    elif isinstance(head, Exl3Linear):
-        head_kind = "exl3"
-        params["head"] = shard_column(mesh, head.weight, layer="lm_head", axis=axis)
-    else:
-        head_kind = "plain"
-        params["head"] = {"w": rep(head.w[...])}
-        if head.b is not None:
-            params["head"]["b"] = rep(head.b[...])
-    final_eps = model.norm.eps
-    hi = jax.lax.Precision.HIGHEST
-
-    def mm_col(x, w):
-        return column_parallel_matmul(x, w, backend=backend)
-
-    def decoder(p, tokens):                              # per rank; tokens [B, T] replicated
-        B, T = tokens.shape
-        x = jnp.take(p["embed"], tokens, axis=0).astype(jnp.float32)
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
-        for lp, st in zip(p["layers"], statics):
-            D = st["head_dim"]
-            h = rms_norm(x, lp["ln1"], st["eps1"])
-            q = mm_col(h, lp["q"]).reshape(B, T, st["heads"], D)
-            k = mm_col(h, lp["k"]).reshape(B, T, st["kv_heads"], D)
-            v = mm_col(h, lp["v"]).reshape(B, T, st["kv_heads"], D)
-            if st["qk_norm"]:
-                q = rms_norm(q, lp["qn"], st["qn_eps"])
-                k = rms_norm(k, lp["kn"], st["kn_eps"])
-            q, k = apply_rope(q, positions, st["rope"]), apply_rope(k, positions, st["rope"])
-            a = gqa_attention(q, k, v, mask, D ** -0.5).reshape(B, T, st["heads"] * D)
-            x = x + row_parallel_matmul(a, lp["o"], axis, backend=backend)
-            h = rms_norm(x, lp["ln2"], st["eps2"])
-            if st["kind"] == "mlp":
-                y = row_parallel_matmul(jax.nn.silu(mm_col(h, lp["g"])) * mm_col(h, lp["u"]),
-                                        lp["d"], axis, backend=backend)
-            else:
-                ht = h.reshape(B * T, -1)
-                logits = jnp.einsum("th,he->te", ht, lp["router_w"].astype(jnp.float32),
-                                    precision=hi)
-                if "router_b" in lp:
-                    logits = logits + lp["router_b"].astype(jnp.float32)
-                if st["router_kind"] == "softmax":
-                    ids, wts = route_softmax_topk(logits, st["top_k"], st["renormalize"])
-                else:
-                    ids, wts = route_sigmoid_topk(logits, lp.get("score_bias"), st["top_k"],
-                                                  st["renormalize"], st["scaling"])
-                if moe_mode == "experts":
-                    first = jax.lax.axis_index(axis) * st["num_local"]
-                    y = local_moe(ht, lp["eg"], lp["eu"], lp["ed"],
-                                  combine_matrix(ids, wts, st["num_local"], first),
-                                  backend=backend)
-                else:
-                    y = local_moe(ht, lp["eg"], lp["eu"], lp["ed"],
-                                  combine_matrix(ids, wts, st["num_experts"]),
-                                  down_axis=axis, backend=backend)
-                if st["shared"]:
-                    y = y + row_parallel_partial(
-                        jax.nn.silu(mm_col(ht, lp["sg"])) * mm_col(ht, lp["su"]), lp["sd"],
-                        axis, backend=backend)
-                y = jax.lax.psum(y, axis).reshape(B, T, -1)
-            x = x + y
-        return rms_norm(x, p["norm"], final_eps)
-
-    def forward(p, tokens):
-        body_params = {key: p[key] for key in ("embed", "norm", "layers")}
-        x = _shard_map(mesh, decoder, (specs, P()), P())(body_params, tokens)
-        if head_kind == "exl3":
-            return tp_column_linear(mesh, x, p["head"], axis=axis, backend=backend)
-        if head_kind == "tied":
-            return jnp.einsum("...h,vh->...v", x, p["embed"].astype(jnp.float32), precision=hi)
-        y = jnp.einsum("...i,io->...o", x, p["head"]["w"].astype(jnp.float32), precision=hi)
-        return y + p["head"]["b"].astype(jnp.float32) if "b" in p["head"] else y
-
-    return jax.jit(forward), params
-
-
-def tp_logits(model, mesh: Mesh, tokens, *, moe_mode: str = "experts", axis: str = TP_AXIS,
-              backend: str | None = None):
-    """Tensor-parallel full-sequence logits of a ``CausalLM``: float32 [B, T, vocab].
-
-    Lays the weights out and compiles on every call; to run several batches, call
-    ``make_tp_forward`` once and reuse its ``(forward, params)``. See ``make_tp_forward``.
-    """
-    forward, params = make_tp_forward(model, mesh, moe_mode=moe_mode, axis=axis,
-                                      backend=backend)
-    return forward(params, jnp.asarray(tokens, jnp.int32))
+            _shard_gated_mlp(mesh, mlp, f"{name}.mlp", axis)
+    if isinstance(local.lm_head, Exl3Linear):
+        head = shard_column(mesh, local.lm_head.weight, layer="lm_head", axis=axis)
+        local.lm_head = GatheredColumnLinear(_column_local(head, tp),
+                                             local.lm_head.out_features, axis, tp)
+    graphdef, state = nnx.split(local)
+    replicated = NamedSharding(mesh, P())
+    state = jax.tree.map(lambda a: a if _on_mesh(a, mesh) else put_global(a, replicated), state)
+    specs = jax.tree.map(lambda a: a.sharding.spec, state)
+    c = model.config
+    kv_local = max(1, c.num_kv_heads // tp)
+    sharded = ShardedModel(graphdef, specs, mesh, axis,
+                           cache_shape=(c.num_layers, tp * kv_local, c.head_dim),
+                           dtype=model.dtype)
+    return sharded, state
 
 
 __all__ = [
-    "Range", "ShardingError", "TP_AXIS", "column_parallel_layout", "column_parallel_matmul",
+    "GatheredColumnLinear", "Range", "RowParallelLinear", "ShardedExperts", "ShardedModel",
+    "ShardingError", "TP_AXIS", "column_parallel_layout", "column_parallel_matmul",
     "column_shards", "column_specs", "even_partition", "expert_partition", "expert_specs",
-    "ep_moe", "head_partition", "kv_head_partition", "kv_replicas", "local_moe",
-    "make_mesh", "make_tp_forward", "place", "put_global",
-    "rank_sliced_layer",
-    "rank_sliced_moe", "rank_stacked", "rank_stacked_specs", "row_parallel_matmul",
-    "row_parallel_partial", "row_shards", "row_specs", "shard_attention", "shard_column",
-    "shard_experts",
-    "shard_mlp", "shard_row", "slice_columns", "slice_rows", "tensor_split_moe", "to_host",
-    "tp_column_linear", "tp_logits", "tp_mlp", "tp_row_linear", "unstack_rank",
+    "ep_moe", "gate_up_stack", "head_partition", "kv_head_partition", "kv_replicas", "local_moe",
+    "make_mesh", "place", "put_global", "rank_sliced_layer", "rank_sliced_moe",
+    "rank_stacked", "rank_stacked_specs", "row_parallel_matmul", "row_parallel_partial",
+    "row_shards", "row_specs", "shard_attention", "shard_column", "shard_experts", "shard_mlp",
+    "shard_model", "shard_row", "slice_columns", "slice_rows", "tensor_split_moe", "to_host",
+    "tp_column_linear", "tp_mlp", "tp_row_linear", "unstack_rank",
 ]

@@ -10,6 +10,17 @@ weight bytes (trellis + suh + svh), the speedup over bf16 at the same (shape, m)
 of the decode floor (weights / decode rate measured in shared/bench/anchors.md: 3.69 T weights/s
 for 3inst/mcg, 4.86 T/s for mul1, streaming from HBM).
 
+`bench moe` (main_moe; `python -m exl3_jax.ffi.bench moe [--quick] [--out F]`): the grouped
+Trellis MoE layer (exl3_jax.ffi.trellis_moe.moe_gpu, route packing included) for the issue's
+geometries (Qwen3-30B-A3B H2048 I768 E128 top-8, GLM-4.5-Air-like H4096 I1408 E128 top-8, GLM-5.2
+TP4 shard H6144 I512 E256 top-8) and m in {1, 2, 4, 8, 16, 32, 128, 1024, 4096}, against
+  * the floor of the touched experts: max(HBM time of their trellis + rotation bytes at
+    4.25 TB/s, decode ALU time of their 3*H*I weights each at the anchors.md decode rate,
+    tensor-core time of the useful 2*m*top_k*3*H*I FLOPs at the 989 TFLOP/s fp16 peak);
+  * an unfused XLA baseline in the same run: routes sorted by expert, lax.ragged_dot over
+    dequantized bf16 experts for gate, up and down (only groups with routes do work), SwiGLU,
+    fp32 top-k sum (ragged_moe_baseline; the weights are dequantized outside the timed loop).
+
 Why a jitted loop: JAX per-call dispatch costs ~40-50 us on the H200 (anchors.md), more than the
 kernels at small m. Each iteration feeds a value of the previous output back into the input
 (x + 0 * y[0, 0]: XLA cannot fold 0 * y for floats), so nothing is hoisted out of the loop.
@@ -103,14 +114,24 @@ def iters_for(m: int, k: int, n: int) -> int:
     return int(max(16, min(256, 4e11 / max(work, 1))))
 
 
-def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print) -> list[dict]:
+def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print,
+          groups=None, done=(), on_row=None) -> list[dict]:
+    """Rows of the Trellis GEMM vs bf16 for every (shape, K, codebook, m).
+
+    groups: optional set of (k, n, K, codebook) to run (default all); done: (k, n, K, codebook,
+    m) keys to skip; on_row(row) is called after each row (exl3_jax.ffi.bench_linear uses these
+    for parts and resuming). A shape with nothing to run gets no bf16 baseline."""
     from exl3_jax.ffi import trellis_gemm as tg
 
     rows = []
     for (k, n) in shapes:
+        todo = {(K, cb, m) for K in Ks for cb in codebooks for m in ms
+                if (groups is None or (k, n, K, cb) in groups) and (k, n, K, cb, m) not in done}
+        if not todo:
+            continue
         wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02, jnp.bfloat16)
         bf16_us, overhead_us = {}, {}
-        for m in ms:
+        for m in sorted({m for _, _, m in todo}):
             if deadline and time.time() > deadline:
                 log("bench: deadline reached, stopping")
                 return rows
@@ -122,15 +143,20 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                 f"{overhead_us[m]:6.1f} us")
         for K in Ks:
             for cb in codebooks:
+                if not any((K, cb, m) in todo for m in ms):
+                    continue
                 w = random_weight(k, n, K, cb)
                 tbytes = int(np.prod(w.trellis.shape)) * 2
                 for m in ms:
+                    if (K, cb, m) not in todo:
+                        continue
                     if deadline and time.time() > deadline:
                         log("bench: deadline reached, stopping")
                         return rows
                     x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)),
                                     jnp.bfloat16)
                     plan = tg.plan_for(m, w)
+                    t_row = time.time()
                     try:
                         us = 1e6 * time_in_loop(lambda x, w: tg.trellis_matmul_gpu(x, w),
                                                 (x, w), iters=iters_for(m, k, n))
@@ -142,29 +168,171 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                                bf16_us=bf16_us[m], loop_overhead_us=overhead_us[m],
                                speedup_vs_bf16=bf16_us[m] / us,
                                gbps=w.nbytes / us / 1e3, trellis_bytes=tbytes,
-                               floor_us=floor_us, floor_fraction=floor_us / us, error=err)
+                               floor_us=floor_us, floor_fraction=floor_us / us, error=err,
+                               wall_s=round(time.time() - t_row, 2))
                     rows.append(row)
+                    if on_row:
+                        on_row(row)
                     log(f"{k:>6}x{n:<6} K={K:<4} {cb:<5} m={m:<5} {plan.kind:<8} "
                         f"{us:9.1f} us  bf16 {bf16_us[m]:9.1f} us  x{bf16_us[m] / us:5.2f}  "
                         f"{row['gbps']:7.0f} GB/s  floor {floor_us:7.1f} us "
-                        f"({row['floor_fraction']:.2f})" + (f"  ERR {err}" if err else ""))
+                        f"({row['floor_fraction']:.2f})  [{row['wall_s']:.1f} s]"
+                        + (f"  ERR {err}" if err else ""))
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in ISSUE_SHAPES))
-    p.add_argument("--K", default="2,3,4")
-    p.add_argument("--codebooks", default="mcg,mul1")
-    p.add_argument("--m", default=",".join(map(str, ISSUE_M)))
+# ---------------------------------------------------------------------------------------------
+# bench moe: the grouped Trellis MoE vs the touched-experts roofline and an unfused XLA baseline
+
+MOE_GEOMETRIES = {          # name: (hidden H, intermediate I, experts E, top_k)
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "glm-4.5-air": (4096, 1408, 128, 8),
+    "glm-5.2-tp4": (6144, 512, 256, 8),
+}
+MOE_M = (1, 2, 4, 8, 16, 32, 128, 1024, 4096)
+MOE_QUICK_M = (1, 8, 128, 4096)
+HBM_BYTES_PER_S = 4.25e12   # device-to-device copy on the H200 (anchors.md), read + write
+MMA_FLOPS = 989e12          # H200 dense fp16 tensor-core peak (the large-m bound)
+
+
+def random_moe_weights(H: int, I: int, E: int, K, codebook: str, seed: int = 0):
+    """Random stacked EXL3 experts: w13 [2, E] (H -> I), down [E] (I -> H)."""
+    from exl3_jax.format.spec import width_from_rate
+    from exl3_jax.trellis import Exl3Weight
+    W = width_from_rate(K)
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 6))
+
+    def stack(lead, k, n):
+        # random bits drawn on the device (GLM-5.2-sized stacks are ~400 M int16 words)
+        bits = jax.random.bits(next(keys), (*lead, k // 16, n // 16, W), jnp.uint16)
+        t = lax.bitcast_convert_type(bits, jnp.int16)
+        suh = jnp.where(jax.random.bernoulli(next(keys), 0.5, (*lead, k)), 1.0,
+                        -1.0).astype(jnp.float16)
+        svh = jax.random.uniform(next(keys), (*lead, n), jnp.float32, 0.005,
+                                 0.02).astype(jnp.float16)
+        return Exl3Weight(t, suh, svh, None, codebook, K, k, n)
+    return stack((2, E), H, I), stack((E,), I, H)
+
+
+def random_topk(T: int, E: int, top_k: int, seed: int = 0):
+    """Uniform random distinct experts per token and softmax-like weights."""
+    rng = np.random.default_rng(seed)
+    ids = np.argsort(rng.random((T, E)), axis=1)[:, :top_k].astype(np.int32)
+    w = rng.uniform(0.1, 1.0, (T, top_k)).astype(np.float32)
+    return jnp.asarray(ids), jnp.asarray(w / w.sum(1, keepdims=True))
+
+
+def ragged_moe_baseline(x, ids, weights, wg, wu, wd):
+    """Unfused XLA MoE over dequantized bf16 experts [E, H, I] / [E, I, H]: sort routes by
+    expert, lax.ragged_dot for gate, up and down (only groups with routes do work), SwiGLU,
+    unsort, fp32 top-k sum. x bf16 [T, H] -> float32 [T, H]."""
+    T, top_k = ids.shape
+    E = wg.shape[0]
+    flat = ids.reshape(-1)
+    order = jnp.argsort(flat)
+    xs = x[order // top_k]                                                  # [R, H]
+    sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
+    g = lax.ragged_dot(xs, wg, sizes, preferred_element_type=jnp.float32)
+    u = lax.ragged_dot(xs, wu, sizes, preferred_element_type=jnp.float32)
+    h = (jax.nn.silu(g) * u).astype(jnp.bfloat16)
+    y = lax.ragged_dot(h, wd, sizes, preferred_element_type=jnp.float32)    # [R, H]
+    y = jnp.zeros_like(y).at[order].set(y).reshape(T, top_k, -1)
+    return jnp.einsum("tkh,tk->th", y, weights.astype(jnp.float32))
+
+
+def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s=None,
+              baseline: bool = True, unfused: bool = False, log=print) -> list[dict]:
+    """Microseconds per MoE layer (jitted loop) for each geometry and token count m, with the
+    touched experts' roofline (max of HBM time of their bytes and decode ALU time of their
+    weights, anchors.md rates) and an unfused ragged_dot baseline in the same run."""
+    from exl3_jax.ffi import trellis_moe as tm
+
+    deadline = time.time() + budget_s if budget_s else None
+    rows = []
+    for name in geometries or list(MOE_GEOMETRIES):
+        H, I, E, top_k = MOE_GEOMETRIES[name]
+        w13, down = random_moe_weights(H, I, E, K, codebook)
+        per_expert_bytes = (w13.nbytes + down.nbytes) // E
+        per_expert_weights = 3 * H * I
+        dense = None
+        if baseline:            # stands in for the dequantized experts (same shapes, bf16)
+            dense = [(jax.random.normal(key, s, jnp.float32) * 0.02).astype(jnp.bfloat16)
+                     for key, s in zip(jax.random.split(jax.random.PRNGKey(3), 3),
+                                       ((E, H, I), (E, H, I), (E, I, H)))]
+        for m in ms:
+            if deadline and time.time() > deadline:
+                log("bench moe: deadline reached, stopping")
+                return rows
+            ids, wts = random_topk(m, E, top_k, seed=m)
+            x = jnp.asarray(np.random.default_rng(2).standard_normal((m, H)), jnp.bfloat16)
+            touched = int(np.unique(np.asarray(ids)).size)
+            hbm_us = 1e6 * touched * per_expert_bytes / HBM_BYTES_PER_S
+            alu_us = 1e6 * touched * per_expert_weights / DECODE_RATE[codebook]
+            mma_us = 1e6 * 2 * m * top_k * per_expert_weights / MMA_FLOPS   # useful FLOPs only
+            floor_us = max(hbm_us, alu_us, mma_us)
+            iters = int(max(8, min(128, 2e4 / max(1, m))))
+            plan = tm.plan_for(m, top_k, w13, down)
+            row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
+                       plan=plan.kind, packing=plan.packing, block_m=plan.block_m,
+                       blocks=plan.blocks, touched=touched,
+                       touched_bytes=touched * per_expert_bytes, hbm_floor_us=hbm_us,
+                       decode_floor_us=alu_us, mma_floor_us=mma_us, floor_us=floor_us)
+            try:
+                row["us"] = 1e6 * time_in_loop(
+                    lambda x, ids, w, a, b: tm.moe_gpu(x, ids, w, a, b), (x, ids, wts, w13, down),
+                    iters=iters, reps=3)
+                row["floor_ratio"] = row["us"] / floor_us
+            except Exception as e:   # noqa: BLE001 -- record and continue
+                row["us"], row["error"] = float("nan"), f"{type(e).__name__}: {e}"[:500]
+            if unfused:   # the jnp-glue variant (8 launches + XLA) for comparison
+                try:
+                    row["unfused_us"] = 1e6 * time_in_loop(
+                        lambda x, ids, w, a, b: tm.moe_gpu(x, ids, w, a, b, fused=False),
+                        (x, ids, wts, w13, down), iters=iters, reps=3)
+                except Exception as e:   # noqa: BLE001
+                    row["unfused_error"] = f"{type(e).__name__}: {e}"[:300]
+            try:          # the route packing alone (XLA), to see what the glue costs
+                row["pack_us"] = 1e6 * time_in_loop(
+                    lambda i: tm.pack_for(i, E, plan).route_row, (ids,), iters=iters, reps=3)
+            except Exception as e:   # noqa: BLE001
+                row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
+            if dense is not None:
+                try:
+                    row["ragged_us"] = 1e6 * time_in_loop(ragged_moe_baseline,
+                                                          (x, ids, wts, *dense), iters=iters,
+                                                          reps=3)
+                    row["speedup_vs_ragged"] = row["ragged_us"] / row["us"]
+                except Exception as e:   # noqa: BLE001
+                    row["ragged_error"] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(row)
+            log(f"{name:<14} m={m:<5} {plan.kind:<7} bm={plan.block_m:<2} touched={touched:<4} "
+                f"{row['us']:9.1f} us  floor {floor_us:8.1f} us (x{row.get('floor_ratio', 0):5.2f})"
+                f"  ragged {row.get('ragged_us', float('nan')):9.1f} us "
+                f"(x{row.get('speedup_vs_ragged', float('nan')):5.2f})"
+                f"  pack {row.get('pack_us', float('nan')):7.1f} us"
+                + (f"  unfused {row.get('unfused_us', float('nan')):8.1f} us" if unfused else "")
+                + (f"  ERR {row['error']}" if "error" in row else ""))
+    return rows
+
+
+def main_moe(argv=None) -> int:
+    """`exl3-jax bench moe` / `python -m exl3_jax.ffi.bench moe`."""
+    p = argparse.ArgumentParser(description="grouped Trellis MoE vs roofline and ragged_dot")
+    p.add_argument("--geometries", default=",".join(MOE_GEOMETRIES))
+    p.add_argument("--m", default=None, help="token counts (default: the issue's list)")
+    p.add_argument("--K", default="4")
+    p.add_argument("--codebook", default="mcg")
+    p.add_argument("--quick", action="store_true",
+                   help=f"m in {MOE_QUICK_M}, 120 s budget (about 2 minutes)")
+    p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--budget-s", type=float, default=None)
     p.add_argument("--out", default=None, help="JSON file for the results")
-    p.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds")
     a = p.parse_args(argv)
-    deadline = time.time() + a.budget_s if a.budget_s else None
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    Ks = [float(v) if "." in v else int(v) for v in a.K.split(",")]
-    rows = bench(shapes, Ks, a.codebooks.split(","), [int(v) for v in a.m.split(",")],
-                 deadline=deadline)
+    ms = [int(v) for v in a.m.split(",")] if a.m else list(MOE_QUICK_M if a.quick else MOE_M)
+    budget = a.budget_s or (120.0 if a.quick else None)
+    K = float(a.K) if "." in a.K else int(a.K)
+    rows = bench_moe(a.geometries.split(","), ms, K, a.codebook, budget_s=budget,
+                     baseline=not a.no_baseline)
     result = {"versions": versions(), "rows": rows}
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
@@ -172,6 +340,18 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
     return 0
 
+
+def main(argv=None) -> int:
+    """`bench linear` (default) or `bench moe`: a leading "linear" / "moe" word picks one."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "moe":
+        return main_moe(argv[1:])
+    if argv and argv[0] == "linear":
+        argv = argv[1:]
+    return main_linear(argv)
+
+
+from .bench_linear import main as main_linear  # noqa: E402  (parts, resume, merge)
 
 if __name__ == "__main__":
     sys.exit(main())

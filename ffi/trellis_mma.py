@@ -43,27 +43,14 @@ from .cute_ops import decode_words, lane_funnels, load_tile_words, mma_m16n8k16_
 from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
 
 
-@dataclasses.dataclass(frozen=True)
-class MmaConfig:
-    """Every compile-time parameter of one Trellis GEMM instance."""
-    codebook: str
-    K: float
-    m_blocks: int          # CTA token tiles (grid z); m_pad = m_blocks * m_tile
-    k: int
-    n: int
-    m_tile: int = 8        # tokens per CTA (multiple of 8, <= 32): one B fragment per 8 tokens
-    n_tiles: int = 2       # n16 tiles per warp (independent decode chains)
-    warps: int = 8         # warps per CTA, interleaved over k16 tiles
-    splits: int = 1        # K-splits across CTAs (grid y)
-    unroll: int = 4        # k16 steps per chunk whose loads are issued together
+class MmaTiling:
+    """Derived sizes and tiling checks shared by the dense (MmaConfig) and grouped MoE
+    (trellis_moe.GroupedMmaConfig) kernel configs; needs fields k, n, m_tile, n_tiles, warps,
+    splits, unroll."""
 
     @property
     def m_groups(self) -> int:
         return self.m_tile // 8
-
-    @property
-    def m_pad(self) -> int:
-        return self.m_blocks * self.m_tile
 
     @property
     def k16(self) -> int:
@@ -78,10 +65,6 @@ class MmaConfig:
         return self.k16 // self.splits
 
     @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.n16 // self.n_tiles, self.splits, self.m_blocks)
-
-    @property
     def threads(self) -> int:
         return 32 * self.warps
 
@@ -90,9 +73,9 @@ class MmaConfig:
         """fp32 accumulators per lane."""
         return self.m_groups * self.n_tiles * 4
 
-    def validate(self) -> "MmaConfig":
-        if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
-            raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
+    def check_tiling(self) -> None:
+        """k, n multiples of 128; n16 / k16 divisible by n_tiles / splits; each split's k16
+        tiles a whole number of chunks (warps * unroll)."""
         if self.k % 128 or self.n % 128:
             raise ValueError(f"k={self.k}, n={self.n} must be multiples of 128")
         if self.n16 % self.n_tiles:
@@ -102,10 +85,73 @@ class MmaConfig:
         if self.k_per_split % (self.warps * self.unroll):
             raise ValueError(f"k16 per split {self.k_per_split} is not a multiple of "
                              f"warps*unroll={self.warps * self.unroll}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MmaConfig(MmaTiling):
+    """Every compile-time parameter of one Trellis GEMM instance."""
+    codebook: str
+    K: float
+    m_blocks: int          # CTA token tiles (grid z); m_pad = m_blocks * m_tile
+    k: int
+    n: int
+    m_tile: int = 8        # tokens per CTA (multiple of 8, <= 32): one B fragment per 8 tokens
+    n_tiles: int = 2       # n16 tiles per warp (independent decode chains)
+    warps: int = 8         # warps per CTA, interleaved over k16 tiles
+    splits: int = 1        # K-splits across CTAs (grid y)
+    unroll: int = 4        # k16 steps per chunk whose loads are issued together
+
+    @property
+    def m_pad(self) -> int:
+        return self.m_blocks * self.m_tile
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.n16 // self.n_tiles, self.splits, self.m_blocks)
+
+    def validate(self) -> "MmaConfig":
+        if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
+            raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
+        self.check_tiling()
         words = self.k16 * self.n16 * lane_geometry(self.K).words
         if max(words, self.m_pad * self.k // 2, self.splits * self.m_pad * self.n) >= 2**31:
             raise ValueError("tensor too large for 32-bit indexing")
         return self
+
+
+def load_chunk(xw, tw, c0, tile0, x_row_base, funnels, geo, cfg):
+    """Issue this lane's loads for the ``cfg.unroll`` k16 steps starting at tile row c0:
+    weight words of tiles (kt, tile0 + j) for j < n_tiles (tile index kt * n16 + tile0 + j in
+    the flat tile sequence of ``tw``; tile0 may include an expert's offset) and the B fragments
+    of every token group (activation words at x_row_base + 8 g (k/2) + 8 kt, + 4).
+    Returns (wbuf [unroll * n_tiles], bfrag [unroll * m_groups]). Shared by the dense and the
+    grouped (MoE) kernels; plain Python, inlined at trace time."""
+    kw = cfg.k // 2
+    wbuf = []
+    bfrag = []
+    for u in range(cfg.unroll):
+        kt = c0 + u
+        for j in range(cfg.n_tiles):
+            wbuf.append(load_tile_words(tw, (kt * cfg.n16 + tile0 + j) * geo.words, funnels, geo))
+        for g in range(cfg.m_groups):
+            base = x_row_base + g * 8 * kw + kt * 8
+            bfrag.append((xw[base], xw[base + 4]))
+    return wbuf, bfrag
+
+
+def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
+    """Decode the chunk's tiles and accumulate acc[(g * n_tiles + j) * 4 + r] += W^T x (one
+    m16n8k16 MMA per tile and token group)."""
+    for u in range(cfg.unroll):
+        for j in range(cfg.n_tiles):
+            h = decode_words(wbuf[u * cfg.n_tiles + j], funnels, geo, cfg.codebook)
+            a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+            for g in range(cfg.m_groups):
+                i0 = (g * cfg.n_tiles + j) * 4
+                d = mma_m16n8k16_f16_f32(a, bfrag[u * cfg.m_groups + g],
+                                         [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]])
+                for r in range(4):
+                    acc[i0 + r] = d[r]
 
 
 @cute.kernel
@@ -134,26 +180,8 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     # Chunk c of warp w covers k16 tiles k0 + (c * warps + w) * unroll + u, u < unroll.
     chunk = cfg.warps * cfg.unroll
     for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, chunk):
-        wbuf = []
-        bfrag = []
-        for u in cutlass.range_constexpr(cfg.unroll):
-            kt = c0 + u
-            for j in cutlass.range_constexpr(cfg.n_tiles):
-                wbuf.append(load_tile_words(tw, (kt * cfg.n16 + tn0 + j) * geo.words,
-                                             funnels, geo))
-            for g in cutlass.range_constexpr(cfg.m_groups):
-                base = x_row_base + g * 8 * kw + kt * 8
-                bfrag.append((xw[base], xw[base + 4]))
-        for u in cutlass.range_constexpr(cfg.unroll):
-            for j in cutlass.range_constexpr(cfg.n_tiles):
-                h = decode_words(wbuf[u * cfg.n_tiles + j], funnels, geo, cfg.codebook)
-                a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
-                for g in cutlass.range_constexpr(cfg.m_groups):
-                    i0 = (g * cfg.n_tiles + j) * 4
-                    d = mma_m16n8k16_f16_f32(a, bfrag[u * cfg.m_groups + g],
-                                             [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]])
-                    for r in cutlass.range_constexpr(4):
-                        acc[i0 + r] = d[r]
+        wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_row_base, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
     # Fold the warps' partial sums in shared memory: red[(w * nacc + i) * 32 + lane].
     smem = cutlass.utils.SmemAllocator()

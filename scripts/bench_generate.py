@@ -102,19 +102,19 @@ def main():
     t_pad, out_len = bucket(args.prompt), bucket(args.new)
     tokens, valid = (jnp.asarray(a) for a in left_pad(prompts, t_pad))
     sampling = SamplingParams()
-    key = jax.random.key(0)
+    seed = jnp.int32(0)
     stop = jnp.full((8,), -2, jnp.int32)
 
-    prefill = lambda: _prefill(gen.graphdef, gen.state, tokens, valid, key,  # noqa: E731
+    prefill = lambda: _prefill(gen.runner, gen.state, tokens, valid, seed,  # noqa: E731
                                cache_size=t_pad + out_len, sampling=sampling)[0]
     _, prefill_first = timed(prefill)
     prefill_s = statistics.median(timed(prefill)[1] for _ in range(args.repeats))
 
-    run = lambda: _generate(gen.graphdef, gen.state, tokens, valid, key,  # noqa: E731
+    run = lambda: _generate(gen.runner, gen.state, tokens, valid, seed,  # noqa: E731
                             jnp.int32(args.new), stop, cache_size=t_pad + out_len,
                             out_len=out_len, sampling=sampling)
     t0 = time.perf_counter()
-    lowered = _generate.lower(gen.graphdef, gen.state, tokens, valid, key, jnp.int32(args.new),
+    lowered = _generate.lower(gen.runner, gen.state, tokens, valid, seed, jnp.int32(args.new),
                               stop, cache_size=t_pad + out_len, out_len=out_len,
                               sampling=sampling)
     t_lower = time.perf_counter() - t0

@@ -14,6 +14,7 @@ from ``exl3_jax.trellis.dequantize``, and the unsharded ``trellis_matmul``.
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +23,8 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 from exl3_jax import parallel as par
-from exl3_jax.ops import combine_matrix
+from exl3_jax.ops import combine_matrix, stack_w13, trellis_matmul
 from helpers_devices import ChildDevices
-from exl3_jax.ops import trellis_matmul
 from exl3_jax.trellis import Exl3Weight, dequantize
 
 DEVICES = 8
@@ -311,11 +311,13 @@ def test_gqa_attention_with_kv_head_replication(request, rng, tp):
         assert rel_l2(blocks[:, r], full_k[:, head * hd:(head + 1) * hd]) <= REL_L2
 
 
-def moe_weights(rng, E=8, H=256, I=256, I_logical=None):
+def moe_weights(rng, E=8, H=256, I=256, I_logical=None, K=4, up_K=None):
+    """Random experts (gate, up, down) [E, ...]; gate and up share K and codebook (one w13
+    slab) unless ``up_K`` differs (then ``par.gate_up_stack`` keeps them as a pair)."""
     I_logical = I_logical or I
-    gate = random_weight(rng, H, I, lead=(E,), out_features=I_logical)
-    up = random_weight(rng, H, I, lead=(E,), out_features=I_logical, K=4)
-    down = random_weight(rng, I, H, lead=(E,), in_features=I_logical)
+    gate = random_weight(rng, H, I, lead=(E,), out_features=I_logical, K=K)
+    up = random_weight(rng, H, I, lead=(E,), out_features=I_logical, K=up_K or K)
+    down = random_weight(rng, I, H, lead=(E,), in_features=I_logical, K=3)
     return gate, up, down
 
 
@@ -323,46 +325,59 @@ def test_local_moe_without_parallelism_matches_the_loop(rng):
     gate, up, down = moe_weights(rng, I_logical=200)
     x = fp32_input(rng, 9, 256)
     ids, w = random_routes(rng, 9, 8, 2)
-    got = jax.jit(lambda x, g, u, d, c: par.local_moe(x, g, u, d, c))(
-        x, gate, up, down, combine_matrix(ids, w, 8))
+    got = jax.jit(lambda x, w13, d, i, wt: par.local_moe(x, w13, d, i, wt))(
+        x, stack_w13(gate, up), down, ids, w)
     assert rel_l2(got, moe_reference(x, gate, up, down, ids, w)) <= REL_L2
 
 
-@pytest.mark.parametrize("ep", [2, 4])
-def test_expert_parallel_matches_no_ep(request, rng, ep):
+@pytest.mark.parametrize("ep, up_K", [(2, 4), (4, 4), (4, 3)])
+def test_expert_parallel_matches_no_ep(request, rng, ep, up_K):
+    """up_K = 4: gate/up as one w13 slab; up_K = 3: a (gate, up) pair."""
     if delegated(request):
         return
-    gate, up, down = moe_weights(rng, I_logical=200)
+    gate, up, down = moe_weights(rng, I_logical=200, up_K=up_K)
     x = fp32_input(rng, 9, 256)
     ids, w = random_routes(rng, 9, 8, 2)
-    no_ep = jax.jit(lambda x, g, u, d, c: par.local_moe(x, g, u, d, c))(
-        x, gate, up, down, combine_matrix(ids, w, 8))
+    gate_up = par.gate_up_stack(gate, up)
+    assert isinstance(gate_up, Exl3Weight) == (up_K == 4)
+    no_ep = jax.jit(lambda *a: par.local_moe(*a))(x, gate_up, down, ids, w)
+    assert rel_l2(no_ep, moe_reference(x, gate, up, down, ids, w)) <= REL_L2
     mesh = par.make_mesh(ep)
-    g, u, d = par.shard_experts(mesh, gate, up, down, layer="model.layers.1.mlp")
-    assert g.trellis.sharding.shard_shape(g.trellis.shape)[0] == 8 // ep
-    got = jax.jit(lambda *a: par.ep_moe(mesh, *a))(x, g, u, d, ids, w)
+    gate_up, ds = par.shard_experts(mesh, gate_up, down, layer="model.layers.1.mlp")
+    for g in jax.tree.leaves(gate_up, is_leaf=lambda a: isinstance(a, Exl3Weight)):
+        expert_axis = g.trellis.ndim - 4                   # w13 [2, E, ...] or gate/up [E, ...]
+        assert g.trellis.sharding.shard_shape(g.trellis.shape)[expert_axis] == 8 // ep
+    assert ds.trellis.sharding.shard_shape(ds.trellis.shape)[0] == 8 // ep
+    got = jax.jit(lambda *a: par.ep_moe(mesh, *a))(x, gate_up, ds, ids, w)
     assert rel_l2(got, no_ep) <= REL_L2
 
 
-def test_routes_to_non_local_experts_contribute_exactly_zero(request, rng):
-    """All tokens route to experts 0..3 (ranks 0, 1 at ep=4); experts 6, 7 would even give inf."""
+@pytest.mark.parametrize("backend", ["reference", "packed"])
+def test_routes_to_non_local_experts_contribute_exactly_zero(request, rng, backend):
+    """All tokens route to experts 0..3 (ranks 0, 1 at ep=4): ranks 2, 3 output exact zeros.
+    With the route-packed backend (which never runs an unrouted pair) that holds even when
+    experts 6, 7 would give inf; the "reference" backend combines every expert's output with
+    the dense routing matrix (0 * inf = nan), so it is checked on finite experts."""
     if delegated(request):
         return
     gate, up, down = moe_weights(rng)
-    svh = np.asarray(down.svh).copy()
-    svh[6:] = np.inf
-    down = Exl3Weight.create(down.trellis, down.suh, jnp.asarray(svh), "mcg")
+    if backend == "packed":
+        svh = np.asarray(down.svh).copy()
+        svh[6:] = np.inf
+        down = dataclasses.replace(down, svh=jnp.asarray(svh))
     x = fp32_input(rng, 5, 256)
     ids = jnp.asarray(rng.integers(0, 4, (5, 2)).astype(np.int32))
     w = jnp.asarray(rng.random((5, 2)).astype(np.float32))
     mesh = par.make_mesh(4)
-    g, u, d = par.shard_experts(mesh, gate, up, down, layer="moe")
-    both = jax.jit(lambda *a: (par.ep_moe(mesh, *a, partials=True), par.ep_moe(mesh, *a)))
-    partials, total = (np.asarray(a) for a in both(x, g, u, d, ids, w))
+    w13, d = par.shard_experts(mesh, stack_w13(gate, up), down, layer="moe")
+    both = jax.jit(lambda *a: (par.ep_moe(mesh, *a, partials=True, backend=backend),
+                               par.ep_moe(mesh, *a, backend=backend)))
+    partials, total = (np.asarray(a) for a in both(x, w13, d, ids, w))
     assert partials.shape == (4, 5, 256)
     assert np.all(partials[2:] == 0.0)
     assert np.all(np.isfinite(total))
     np.testing.assert_allclose(total, partials.sum(0), rtol=1e-6, atol=1e-6)
+    assert rel_l2(total, moe_reference(x, gate, up, down, ids, w)) <= REL_L2
 
 
 def test_tensor_split_experts_match_no_ep(request, rng):
@@ -373,9 +388,11 @@ def test_tensor_split_experts_match_no_ep(request, rng):
     ids, w = random_routes(rng, 9, 8, 2)
     want = moe_reference(x, gate, up, down, ids, w)
     mesh = par.make_mesh(2)
-    g, u, d = par.shard_experts(mesh, gate, up, down, layer="model.layers.1.mlp", mode="tensor")
-    assert g.trellis.sharding.shard_shape(g.trellis.shape) == (8, 16, 8, 48)
-    got = jax.jit(lambda *a: par.tensor_split_moe(mesh, *a))(x, g, u, d, ids, w)
+    w13, d = par.shard_experts(mesh, stack_w13(gate, up), down, layer="model.layers.1.mlp",
+                               mode="tensor")
+    assert w13.trellis.sharding.shard_shape(w13.trellis.shape) == (2, 8, 16, 8, 64)
+    assert d.trellis.sharding.shard_shape(d.trellis.shape) == (8, 8, 16, 48)
+    got = jax.jit(lambda *a: par.tensor_split_moe(mesh, *a))(x, w13, d, ids, w)
     assert rel_l2(got, want) <= REL_L2
 
 
@@ -383,12 +400,15 @@ def test_tensor_split_below_128_is_rejected(request, rng):
     if delegated(request):
         return
     gate, up, down = moe_weights(rng)                  # I = 256: 64 per rank at tp=4
+    w13 = stack_w13(gate, up)
     with pytest.raises(par.ShardingError,
-                       match=r"model\.layers\.1\.mlp\.experts\.gate_proj.*below 128"):
-        par.shard_experts(par.make_mesh(4), gate, up, down, layer="model.layers.1.mlp",
+                       match=r"model\.layers\.1\.mlp\.experts\.gate_up_proj.*below 128"):
+        par.shard_experts(par.make_mesh(4), w13, down, layer="model.layers.1.mlp",
                           mode="tensor")
     with pytest.raises(par.ShardingError, match=r"model\.layers\.1\.mlp.*3 equal"):
-        par.shard_experts(par.make_mesh(3), gate, up, down, layer="model.layers.1.mlp")
+        par.shard_experts(par.make_mesh(3), w13, down, layer="model.layers.1.mlp")
+    with pytest.raises(par.ShardingError, match=r"moe: experts must be w13 \[2, E\]"):
+        par.shard_experts(par.make_mesh(2), gate, down, layer="moe")
 
 
 # -------------------------------------------------------------------------------------------
@@ -434,14 +454,15 @@ def test_rank_sliced_moe_on_the_mesh_matches_the_full_experts(request, rng, tmp_
     path, experts = write_rank_sliced_checkpoint(tmp_path / "ckpt", rng, ks=ks)
     mesh = par.make_mesh(2)
     ckpts = {r: RankSlicedCheckpoint(path, tp=2, tp_rank=r) for r in range(2)}
-    gate, up, down, tiers = par.rank_sliced_layer(mesh, ckpts, 1)
+    w13, down, tiers = par.rank_sliced_layer(mesh, ckpts, 1)
     assert tiers == {3: (0, 3), 4: (1, 2)}
-    assert gate[4].trellis.shape == (2, 2, 16, 8, 64)
-    assert gate[4].trellis.sharding.shard_shape(gate[4].trellis.shape)[0] == 1
+    assert w13[4].trellis.shape == (2, 2, 2, 16, 8, 64)           # [tp, gate/up, n_K, ...]
+    assert w13[4].trellis.sharding.shard_shape(w13[4].trellis.shape)[0] == 1
+    assert down[3].trellis.shape == (2, 2, 8, 16, 48)
     x = fp32_input(rng, 6, 256)
     ids, w = random_routes(rng, 6, 4, 2)
-    got = jax.jit(lambda x, g, u, d, i, wt: par.rank_sliced_moe(mesh, x, g, u, d, tiers, i, wt))(
-        x, gate, up, down, ids, w)
+    got = jax.jit(lambda x, g, d, i, wt: par.rank_sliced_moe(mesh, x, g, d, tiers, i, wt))(
+        x, w13, down, ids, w)
     X = np.asarray(x, np.float64)
     want = np.zeros((6, 256))
     for t in range(6):

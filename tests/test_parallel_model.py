@@ -1,10 +1,12 @@
-"""Tensor-parallel forward of a whole model (exl3_jax.parallel.tp_logits) on simulated devices.
+"""Tensor-parallel forward of a whole model (``Generator(model, mesh=...).logits``, i.e.
+``exl3_jax.parallel.shard_model``) on simulated devices.
 
 Synthetic EXL3 checkpoints (tests/helpers_models.py) sized so every split is 128-aligned: a dense
 llama-like model (hidden 1024, 8 query / 2 KV heads of 128, 2 layers; TP=4 replicates each KV
 head on two ranks) and a qwen3_moe-like model (hidden 512, 8 experts of intermediate 256, top-2,
 one MoE layer), plus a GLM-4-MoE-like model at tp=2. fp32 logits at every TP must match the
 plain single-device forward ``model(tokens, cache)`` within relative L2 1e-5.
+(tests/test_parallel_generate.py runs cached generation on the same models.)
 
 Simulated devices: the same mechanism as tests/test_parallel.py. The device count can only be
 set before jax initialises, so with fewer devices every test here delegates to ONE child pytest
@@ -17,13 +19,13 @@ from __future__ import annotations
 
 import secrets
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from exl3_jax import parallel as par
+from exl3_jax.generate import Generator
 from helpers_devices import ChildDevices
 
 DEVICES = 8
@@ -41,20 +43,35 @@ delegated = _child.delegated
 # -------------------------------------------------------------------------------------------
 # synthetic models and their single-device references (built lazily, once, in the child)
 
-OVERRIDES = {
-    "llama": dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                  intermediate_size=512, vocab_size=512, num_hidden_layers=2),
-    "qwen3_moe": dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=128, intermediate_size=512, vocab_size=512, num_hidden_layers=1,
-                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-                      mlp_only_layers=[]),
+CASES = {     # name -> (architecture, config overrides)
+    "llama": ("llama", dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2,
+                            head_dim=128, intermediate_size=512, vocab_size=512,
+                            num_hidden_layers=2)),
+    "qwen3_moe": ("qwen3_moe", dict(hidden_size=512, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=128,
+                                    intermediate_size=512, vocab_size=512,
+                                    num_hidden_layers=1, num_experts=8, num_experts_per_tok=2,
+                                    moe_intermediate_size=256, mlp_only_layers=[])),
     # sigmoid router with score bias, shared experts, attention bias, q/k norm, partial
     # rotary, a dense first layer
-    "glm4_moe": dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=128, intermediate_size=512, vocab_size=512, num_hidden_layers=2,
-                     first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
-                     moe_intermediate_size=256),
+    "glm4_moe": ("glm4_moe", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=128, intermediate_size=512, vocab_size=512,
+                                  num_hidden_layers=2, first_k_dense_replace=1,
+                                  n_routed_experts=8, num_experts_per_tok=2,
+                                  moe_intermediate_size=256)),
+    # one layer, 2 query heads / 1 KV head of 128 (replicated at tp=2): the fast smoke model
+    "llama_tiny": ("llama", dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
+                                 head_dim=128, intermediate_size=256, vocab_size=256,
+                                 num_hidden_layers=1)),
+    # one MoE layer, 4 experts of intermediate 128, top-2
+    "qwen3_moe_tiny": ("qwen3_moe", dict(hidden_size=256, num_attention_heads=2,
+                                         num_key_value_heads=2, head_dim=128,
+                                         intermediate_size=256, vocab_size=256,
+                                         num_hidden_layers=1, num_experts=4,
+                                         num_experts_per_tok=2, moe_intermediate_size=128,
+                                         mlp_only_layers=[])),
 }
+_MODELS: dict[str, object] = {}
 _CASES: dict[str, tuple] = {}
 
 
@@ -63,18 +80,26 @@ def rel_l2(got, want) -> float:
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def synthetic_model(name: str, tmp_path_factory):
+    """The fp32 EXL3 model of ``CASES[name]``, written and loaded once per process."""
+    if name not in _MODELS:
+        from helpers_models import write_models
+        from models.decoder import load_model
+        arch, overrides = CASES[name]
+        seed = secrets.randbits(32)
+        print(f"synthetic {name} model seed: {seed}")
+        exl3_dir, _ = write_models(arch, tmp_path_factory.mktemp(f"tp_{name}"),
+                                   np.random.default_rng(seed), config_overrides=overrides)
+        _MODELS[name] = load_model(exl3_dir, dtype="float32")
+    return _MODELS[name]
+
+
 def model_case(arch: str, tmp_path_factory):
     """(model, tokens, single-device fp32 logits [B, T, vocab]) of a synthetic ``arch`` model."""
     if arch not in _CASES:
-        from helpers_models import write_models
-        from models.decoder import load_model
-        seed = secrets.randbits(32)
-        print(f"synthetic {arch} model seed: {seed}")
-        rng = np.random.default_rng(seed)
-        exl3_dir, _ = write_models(arch, tmp_path_factory.mktemp(f"tp_{arch}"), rng,
-                                   config_overrides=OVERRIDES[arch])
-        model = load_model(exl3_dir, dtype="float32")
-        vocab = OVERRIDES[arch]["vocab_size"]
+        model = synthetic_model(arch, tmp_path_factory)
+        rng = np.random.default_rng(secrets.randbits(32))
+        vocab = model.config.vocab_size
         tokens = jnp.asarray(rng.integers(0, vocab, (BATCH, SEQ)).astype(np.int32))
         ref = nnx.jit(lambda m, t: m(t, m.init_cache(BATCH, SEQ))[0])(model, tokens)
         assert ref.shape == (BATCH, SEQ, vocab) and ref.dtype == jnp.float32
@@ -90,21 +115,16 @@ def test_dense_model_tp_logits_match_single_device(request, tmp_path_factory, tp
     if delegated(request):
         return
     model, tokens, ref = model_case("llama", tmp_path_factory)
-    mesh = par.make_mesh(tp)
-    forward, params = par.make_tp_forward(model, mesh)
+    gen = Generator(model, mesh=par.make_mesh(tp))
     # k/v laid out as tp blocks of 128 columns: KV heads (2 x 128) replicated when tp = 4
-    k = params["layers"][0]["k"]
-    assert k.n == max(256, tp * 128)
-    assert k.trellis.sharding.shard_shape(k.trellis.shape)[-2] == (256 // min(tp, 2)) // 16
-    got = forward(params, tokens)
+    k = gen.state["layers"][0]["self_attn"]["k_proj"]["weight"]["trellis"]
+    assert k.shape[-2] * 16 == max(256, tp * 128)
+    assert k.sharding.shard_shape(k.shape)[-2] == (256 // min(tp, 2)) // 16
+    got = gen.logits(tokens)
     assert got.shape == ref.shape and got.dtype == jnp.float32
     err = rel_l2(got, ref)
     print(f"dense tp={tp}: rel L2 {err:.3g}")
     assert err <= REL_L2
-    # the one-call entry point gives the same logits
-    if tp == 2:
-        np.testing.assert_array_equal(np.asarray(par.tp_logits(model, mesh, tokens)),
-                                      np.asarray(got))
 
 
 # -------------------------------------------------------------------------------------------
@@ -115,7 +135,7 @@ _MOE_TP1: dict[str, np.ndarray] = {}
 
 def moe_tp1(model, tokens):
     if "logits" not in _MOE_TP1:
-        _MOE_TP1["logits"] = np.asarray(par.tp_logits(model, par.make_mesh(1), tokens))
+        _MOE_TP1["logits"] = np.asarray(Generator(model, mesh=par.make_mesh(1)).logits(tokens))
     return _MOE_TP1["logits"]
 
 
@@ -127,15 +147,14 @@ def test_moe_model_tp_logits_match_tp1(request, tmp_path_factory, tp, mode):
     tp1 = moe_tp1(model, tokens)
     err1 = rel_l2(tp1, ref)
     assert err1 <= REL_L2
-    mesh = par.make_mesh(tp)
-    forward, params = par.make_tp_forward(model, mesh, moe_mode=mode)
-    g = params["layers"][0]["eg"]
-    shard = g.trellis.sharding.shard_shape(g.trellis.shape)
+    gen = Generator(model, mesh=par.make_mesh(tp), moe_mode=mode)
+    down = gen.state["layers"][0]["mlp"]["experts"]["down"]["trellis"]   # [E, I/16, H/16, W]
+    shard = down.sharding.shard_shape(down.shape)
     if mode == "experts":
         assert shard[0] == 8 // tp                          # whole experts per rank
     else:
-        assert shard[0] == 8 and shard[-2] == 256 // tp // 16   # every expert, I / tp columns
-    got = forward(params, tokens)
+        assert shard[:2] == (8, 256 // tp // 16)            # every expert, I / tp rows
+    got = gen.logits(tokens)
     assert got.shape == ref.shape and got.dtype == jnp.float32
     err, err_ref = rel_l2(got, tp1), rel_l2(got, ref)
     print(f"moe {mode} tp={tp}: rel L2 vs tp=1 {err:.3g}, vs single device {err_ref:.3g} "
@@ -148,10 +167,10 @@ def test_moe_tensor_split_below_128_is_rejected(request, tmp_path_factory):
         return
     model, tokens, _ = model_case("qwen3_moe", tmp_path_factory)
     with pytest.raises(par.ShardingError,
-                       match=r"model\.layers\.0\.mlp\.experts\.gate_proj.*below 128"):
-        par.tp_logits(model, par.make_mesh(4), tokens, moe_mode="tensor")
+                       match=r"model\.layers\.0\.mlp\.experts\.gate_(up_)?proj.*below 128"):
+        Generator(model, mesh=par.make_mesh(4), moe_mode="tensor")
     with pytest.raises(ValueError, match="unknown MoE parallel mode"):
-        par.make_tp_forward(model, par.make_mesh(2), moe_mode="rows")
+        par.shard_model(model, par.make_mesh(2), moe_mode="rows")
 
 
 @pytest.mark.parametrize("mode", ["experts", "tensor"])
@@ -160,11 +179,11 @@ def test_glm4_moe_model_tp2_matches_single_device(request, tmp_path_factory, mod
     if delegated(request):
         return
     model, tokens, ref = model_case("glm4_moe", tmp_path_factory)
-    got = par.tp_logits(model, par.make_mesh(2), tokens, moe_mode=mode)
+    got = Generator(model, mesh=par.make_mesh(2), moe_mode=mode).logits(tokens)
     err = rel_l2(got, ref)
     print(f"glm4_moe {mode} tp=2: rel L2 {err:.3g}")
     assert err <= REL_L2
     if mode == "experts":
         with pytest.raises(par.ShardingError,
                            match=r"model\.layers\.1\.mlp\.shared_experts\.gate_proj.*below 128"):
-            par.make_tp_forward(model, par.make_mesh(4), moe_mode=mode)
+            par.shard_model(model, par.make_mesh(4), moe_mode=mode)

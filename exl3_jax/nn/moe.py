@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..ops.moe import combine_matrix, moe_experts
+from ..ops.moe import can_stack_w13, combine_matrix, moe, moe_experts, plane, stack_w13
 from ..trellis import Exl3Weight
 from .linear import dequantize_weight
 from .numerics import fp16_operand
@@ -47,30 +47,49 @@ def route_sigmoid_topk(logits, bias, top_k: int, renormalize: bool, scaling: flo
 
 
 class Exl3Experts(nnx.Module):
-    """Stacked EXL3 experts: gate/up/down Exl3Weight with a leading expert axis [E]."""
+    """Stacked EXL3 experts in the fused-MoE layout: ``w13`` = Exl3Weight [2, E] (plane 0 gate,
+    plane 1 up, stacked once here at load, trellis words unchanged) and ``down`` [E].
+    ``gate`` / ``up`` are [E] views of the planes (sharding, dequantized caches). When gate and
+    up differ in K or codebook they cannot share a slab: they stay separate (``w13`` is None)
+    and the layer runs the all-experts reference."""
 
     def __init__(self, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight):
         for name, w in (("gate", gate), ("up", up), ("down", down)):
             if len(w.stack_shape) != 1:
                 raise ValueError(f"{name} experts need one leading expert axis, got "
                                  f"{w.stack_shape}")
-        self.gate, self.up, self.down = nnx.data(gate), nnx.data(up), nnx.data(down)
+        if can_stack_w13(gate, up):
+            self.w13, self.split = nnx.data(stack_w13(gate, up)), nnx.data(None)
+        else:
+            self.w13, self.split = nnx.data(None), nnx.data((gate, up))
+        self.down = nnx.data(down)
         self.dense = nnx.data(None)
 
     @property
+    def gate(self) -> Exl3Weight:
+        return plane(self.w13, 0) if self.w13 is not None else self.split[0]
+
+    @property
+    def up(self) -> Exl3Weight:
+        return plane(self.w13, 1) if self.w13 is not None else self.split[1]
+
+    @property
     def num_experts(self) -> int:
-        return self.gate.stack_shape[0]
+        return self.down.stack_shape[0]
 
     def cache_dequantized(self) -> None:
         self.dense = nnx.data(tuple(dequantize_weight(w) for w in (self.gate, self.up,
                                                                      self.down)))
 
     def __call__(self, x, ids, weights):
-        """x [T, H] -> float32 [T, H] (routed sum)."""
-        if x.dtype == jnp.float32 or self.dense is not None:
-            return moe_experts(x, ids, weights, self.gate, self.up, self.down, dense=self.dense)
-        x16, scale = fp16_operand(x)
-        return moe_experts(x16, ids, weights, self.gate, self.up, self.down, x_scale=scale)
+        """x [T, H] -> float32 [T, H] (routed sum), through ``exl3_jax.ops.moe``."""
+        scale = None
+        if x.dtype != jnp.float32 and self.dense is None:
+            x, scale = fp16_operand(x)
+        if self.w13 is None:
+            return moe_experts(x, ids, weights, self.gate, self.up, self.down, x_scale=scale,
+                               dense=self.dense)
+        return moe(x, ids, weights, self.w13, self.down, x_scale=scale, dense=self.dense)
 
 
 class PlainExperts(nnx.Module):

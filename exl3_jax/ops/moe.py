@@ -1,17 +1,33 @@
-"""The dispatch point of the routed-expert MLP (the fused Trellis MoE plugs in here).
+"""The dispatch point of the routed-expert MLP: ``moe``.
 
-Reference implementation only: every expert runs on every token through ``trellis_matmul`` (or a
-cached dequantized stack) and the outputs are combined with the routing weights; exact, simple,
-and E/top_k times more work than a grouped kernel.
+Backends (``backend=`` argument, else $EXL3_JAX_MOE_BACKEND, else "auto"):
+  * "reference": ``moe_experts``, every expert on every token through ``trellis_matmul`` (or a
+    cached dequantized stack), combined with the routing matrix; exact, simple, E/top_k times
+    the work of a grouped kernel.
+  * "packed": ``moe_packed_reference``, the jnp model of the GPU kernel: routes packed by
+    expert into blocks (exl3_jax.ops.moe_routing), each block through its expert's
+    ``linear_reference``, combined by gathering each route's row in fp32.
+  * "gpu": the grouped Trellis MoE kernels (exl3_jax.ffi.trellis_moe).
+  * "auto": "gpu" on a CUDA device with the kernels available, else "reference".
+
+Mixed bitrates: ``moe_tiered`` runs one stack per K tier with an expert -> (tier, slot) map and
+sums the tiers' outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import jax
 import jax.numpy as jnp
 
-from ..trellis import Exl3Weight
-from .trellis_matmul import pad_input, trellis_matmul
+from ..trellis import Exl3Weight, linear_reference
+from .moe_routing import combine_routes, gather_rows, pack_routes
+from .trellis_matmul import pad_input, resolve_backend, trellis_matmul
+
+MOE_BACKENDS = ("auto", "reference", "packed", "gpu")
+MOE_BACKEND_ENV = "EXL3_JAX_MOE_BACKEND"
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 ACTIVATIONS = ("silu",)
@@ -82,3 +98,175 @@ def moe_experts(x, ids, weights, gate: Exl3Weight, up: Exl3Weight, down: Exl3Wei
     y = _experts_matmul(h, down, dd, backend, per_expert=True)              # [E, T, H]
     return jnp.einsum("te,eth->th", combine_matrix(ids, weights, num_experts), y,
                       precision=_HIGHEST)
+
+
+def plane(w: Exl3Weight, i: int) -> Exl3Weight:
+    """Plane i of a [2, E] stack (w13: 0 = gate, 1 = up) as an [E] stack."""
+    pick = lambda a: None if a is None else a[i]  # noqa: E731
+    return dataclasses.replace(w, trellis=w.trellis[i], suh=w.suh[i], svh=w.svh[i],
+                               bias=pick(w.bias))
+
+
+def can_stack_w13(gate: Exl3Weight, up: Exl3Weight) -> bool:
+    """Whether gate and up share everything static (K, codebook, shapes, bias presence)."""
+    return (gate.K, gate.codebook, gate.trellis.shape, gate.in_features, gate.out_features,
+            gate.bias is None) == (up.K, up.codebook, up.trellis.shape, up.in_features,
+                                   up.out_features, up.bias is None)
+
+
+def stack_w13(gate: Exl3Weight, up: Exl3Weight) -> Exl3Weight:
+    """Stack gate and up [E] into the projection-major w13 [2, E] (done once at load; the
+    trellis words are copied as they are, never re-encoded)."""
+    if not can_stack_w13(gate, up):
+        raise ValueError(f"gate and up stacks differ: K {gate.K}/{up.K}, codebook "
+                         f"{gate.codebook}/{up.codebook}, trellis {gate.trellis.shape}/"
+                         f"{up.trellis.shape}")
+    st = lambda a, b: None if a is None else jnp.stack([a, b])  # noqa: E731
+    return dataclasses.replace(gate, trellis=st(gate.trellis, up.trellis),
+                               suh=st(gate.suh, up.suh), svh=st(gate.svh, up.svh),
+                               bias=st(gate.bias, up.bias))
+
+
+def _take_expert(w: Exl3Weight, e) -> Exl3Weight:
+    """Expert e (traced int) of an [E] stack as one linear."""
+    pick = lambda a: None if a is None else a[e]  # noqa: E731
+    return dataclasses.replace(w, trellis=w.trellis[e], suh=w.suh[e], svh=w.svh[e],
+                               bias=pick(w.bias))
+
+
+def _linear_ref(x, w: Exl3Weight):
+    y = linear_reference(pad_input(x, w.k), w.trellis, w.suh, w.svh, w.codebook, w.bias)
+    return y[..., :w.out_features]
+
+
+def moe_packed_reference(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
+                         block_m: int | None = None):
+    """jnp model of the grouped GPU MoE (same packing, per-block expert, fp32 math).
+
+    Args:
+      x: float [T, d]; ids int [T, top_k] (-1 / out of range = no expert); weights [T, top_k].
+      w13: Exl3Weight [2, E] (gate, up); down: Exl3Weight [E].
+      x_scale: optional float32 [T, 1] (true input x * x_scale).
+      block_m: rows per block (None: chosen from the average routes per expert).
+    Returns:
+      float32 [T, down.out_features].
+    """
+    E = w13.stack_shape[1]
+    pr = pack_routes(ids, E, block_m)
+    bm = pr.block_m
+    xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)                  # [rows, d]
+    xb = xr.reshape(pr.blocks, bm, -1)                                            # [B, bm, d]
+    eb = jnp.maximum(pr.block_expert, 0)                                          # [B]
+    gate, up = plane(w13, 0), plane(w13, 1)
+
+    def block(xblk, e):
+        g = _linear_ref(xblk, _take_expert(gate, e))                              # [bm, I]
+        u = _linear_ref(xblk, _take_expert(up, e))
+        return g, u
+
+    g, u = jax.lax.map(lambda a: block(*a), (xb, eb))                             # [B, bm, I]
+    if x_scale is not None:
+        s = gather_rows(jnp.asarray(x_scale, jnp.float32), pr.row_token).reshape(
+            pr.blocks, bm, 1)
+        g, u = g * s, u * s
+    h = jax.nn.silu(g) * u
+    y = jax.lax.map(lambda a: _linear_ref(a[0], _take_expert(down, a[1])), (h, eb))
+    live = (pr.block_expert >= 0)[:, None, None]
+    y = jnp.where(live, y, 0.0).reshape(pr.rows, -1)                              # [rows, H]
+    return combine_routes(y, pr.route_row, weights)
+
+
+def resolve_moe_backend(backend: str | None, w13: Exl3Weight, down: Exl3Weight) -> str:
+    """'reference', 'packed' or 'gpu' (trace time, static information only)."""
+    choice = backend or os.environ.get(MOE_BACKEND_ENV, "auto") or "auto"
+    if choice not in MOE_BACKENDS:
+        raise ValueError(f"unknown MoE backend {choice!r} (from "
+                         f"{'argument' if backend else MOE_BACKEND_ENV}); use one of "
+                         f"{MOE_BACKENDS}")
+    if choice != "auto":
+        return choice
+    if resolve_backend(None) != "gpu":
+        return "reference"
+    from ..ffi import trellis_gemm
+    if not trellis_gemm._cutlass_jax_ok():     # AOT-only process: no MoE artifacts yet
+        return "reference"
+    from ..ffi import trellis_moe
+    return "gpu" if trellis_moe.supports(w13, down) else "reference"
+
+
+def moe(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None, dense=None,
+        backend: str | None = None, linear_backend: str | None = None):
+    """Routed SwiGLU experts: sum_i w_i * down_{e_i}(silu(gate_{e_i}(x)) * up_{e_i}(x)).
+
+    Args:
+      x: float [T, d]; ids int [T, top_k]; weights float [T, top_k].
+      w13: Exl3Weight [2, E] (plane 0 gate, plane 1 up); down: Exl3Weight [E].
+      x_scale: optional float32 [T, 1] (x is a scaled fp16 operand of true input x * x_scale).
+      dense: optional cached dequantized (gate, up, down) float32 [E, k, n] (reference only).
+      backend: see the module docstring; linear_backend: passed to trellis_matmul by the
+        "reference" backend.
+    Returns:
+      float32 [T, down.out_features].
+    """
+    kind = "reference" if dense is not None else resolve_moe_backend(backend, w13, down)
+    if kind == "gpu":
+        from .moe_plans import DEFAULT_CAPACITY
+        T = x.shape[0]
+        if T <= DEFAULT_CAPACITY:
+            return _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale)
+        outs = []                                   # above the capacity: capacity-sized slices
+        for t0 in range(0, T, DEFAULT_CAPACITY):
+            sl = slice(t0, min(T, t0 + DEFAULT_CAPACITY))
+            outs.append(_moe_gpu_bucketed(x[sl], ids[sl], weights[sl], w13, down,
+                                          None if x_scale is None else x_scale[sl]))
+        return jnp.concatenate(outs)
+    if kind == "packed":
+        return moe_packed_reference(x, ids, weights, w13, down, x_scale=x_scale)
+    return moe_experts(x, ids, weights, plane(w13, 0), plane(w13, 1), down, x_scale=x_scale,
+                       dense=dense, backend=linear_backend)
+
+
+def token_bucket(T: int) -> int:
+    """Static token count the GPU kernels are compiled for: T itself in the decode range, else
+    the next power of two (at most the capacity), so prompts of different lengths share
+    compiled kernels."""
+    from .moe_plans import DECODE_MAX_M, DEFAULT_CAPACITY
+    if T <= DECODE_MAX_M:
+        return T
+    return min(DEFAULT_CAPACITY, 1 << (T - 1).bit_length())
+
+
+def _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale):
+    """moe_gpu on T rows padded to token_bucket(T) with routeless tokens (ids -1: no rows, an
+    exact zero output), result sliced back to T."""
+    from ..ffi import trellis_moe
+    T = x.shape[0]
+    Tb = token_bucket(T)
+    if Tb != T:
+        pad = Tb - T
+        x = jnp.pad(x, ((0, pad), (0, 0)))
+        ids = jnp.pad(jnp.asarray(ids, jnp.int32), ((0, pad), (0, 0)), constant_values=-1)
+        weights = jnp.pad(weights, ((0, pad), (0, 0)))
+        if x_scale is not None:
+            x_scale = jnp.pad(x_scale, ((0, pad), (0, 0)), constant_values=1.0)
+    return trellis_moe.moe_gpu(x, ids, weights, w13, down, x_scale=x_scale)[:T]
+
+
+def moe_tiered(x, ids, weights, tiers, expert_tier, expert_slot, *, x_scale=None,
+               backend: str | None = None):
+    """Mixed-bitrate experts: tier t holds (w13 [2, E_t], down [E_t]) of one K each; global
+    expert e lives in tier expert_tier[e] at slot expert_slot[e] (int32 [E] arrays).
+
+    Each tier runs on the routes to its experts (others masked to -1) and the tiers' fp32
+    outputs are summed in tier order. Returns float32 [T, out_features]."""
+    ids = jnp.asarray(ids, jnp.int32)
+    valid = ids >= 0
+    safe = jnp.maximum(ids, 0)
+    tier_of = jnp.asarray(expert_tier, jnp.int32)[safe]
+    slot_of = jnp.asarray(expert_slot, jnp.int32)[safe]
+    out = None
+    for t, (w13, down) in enumerate(tiers):
+        local = jnp.where(valid & (tier_of == t), slot_of, -1)
+        y = moe(x, local, weights, w13, down, x_scale=x_scale, backend=backend)
+        out = y if out is None else out + y
+    return out

@@ -1,0 +1,105 @@
+"""Static launch plans of the grouped Trellis MoE kernels (pure Python, no cutlass).
+
+A plan fixes, from static shapes only, the route block size (block_m rows per block, each block
+served by one expert) and the grouped GEMM's CTA shape for one projection (FC1 gate+up, or FC2).
+
+  * "decode" (T <= DECODE_MAX_M tokens): the kernel parameters that set the accumulation order
+    (warps, unroll, K-splits) depend on (k, n, planes, top_k) only, never on T or block_m, so a
+    token's result is bitwise the same in an m-token batch as alone (the issue's decode test).
+  * "prefill" (T > DECODE_MAX_M, up to ``capacity`` tokens per call; larger batches run in
+    capacity-sized slices): bigger blocks (up to 64 rows, fewer re-decodes of each expert's
+    weights), fewer loads in flight per warp (register pressure), no K-split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .moe_routing import max_blocks, select_block_m
+from .plans import DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS   # the dense GEMM's plan vocabulary
+
+DEFAULT_CAPACITY = 4096
+PACKINGS = ("sorted", "per_route")
+PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeGemmPlan:
+    """CTA shape of one grouped Trellis GEMM (one projection)."""
+    n_tiles: int      # n16 tiles per warp
+    warps: int        # warps per CTA, interleaved over k16 tiles
+    splits: int       # K-splits across CTAs
+    unroll: int       # k16 steps whose loads are issued together
+
+
+@dataclasses.dataclass(frozen=True)
+class MoePlan:
+    kind: str               # "decode" | "prefill"
+    tokens: int             # T of this call (<= capacity)
+    top_k: int
+    experts: int            # E of the stack (local)
+    block_m: int
+    blocks: int             # static block count (capacity bound of pack_routes)
+    fc1: MoeGemmPlan
+    fc2: MoeGemmPlan
+    packing: str = "sorted"     # "sorted" (pack_routes) | "per_route" (pack_routes_per_route)
+
+    @property
+    def rows(self) -> int:
+        return self.blocks * self.block_m
+
+
+def _gemm_plan(kind: str, k: int, n: int, planes: int, top_k: int, block_m: int,
+               sms: int) -> MoeGemmPlan:
+    k16, n16 = k // 16, n // 16
+    n_tiles = 2 if n16 % 2 == 0 else 1
+    warps = next(w for w in (8, 4, 2, 1) if k16 % w == 0 and k16 // w >= 2)
+    splits = 1
+    if kind == "decode":
+        # Fill the GPU at m = 1 (top_k blocks), independent of T: ~2 CTAs per SM.
+        ctas = (n16 // n_tiles) * planes * top_k
+        for s in (2, 4, 8):
+            if ctas * splits >= 2 * sms or k16 % s or (k16 // s) % warps or k16 // s < 2 * warps:
+                break
+            splits = s
+        want = 4
+    else:
+        want = 2 if block_m <= 16 else 1
+    per_warp = k16 // splits // warps
+    unroll = next(u for u in (4, 2, 1) if u <= want and per_warp % u == 0)
+    return MoeGemmPlan(n_tiles=n_tiles, warps=warps, splits=splits, unroll=unroll)
+
+
+def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
+             kind: str | None = None, block_m: int | None = None, packing: str | None = None,
+             sms: int = DEFAULT_SMS) -> MoePlan:
+    """Plan for one MoE call of ``tokens`` tokens (padded sizes: hidden H and intermediate I
+    multiples of 128)."""
+    if tokens < 1 or top_k < 1 or experts < 1:
+        raise ValueError(f"bad MoE call: tokens={tokens}, top_k={top_k}, experts={experts}")
+    if hidden % 128 or inter % 128:
+        raise ValueError(f"hidden {hidden} and intermediate {inter} must be multiples of 128")
+    kind = kind or ("decode" if tokens <= DECODE_MAX_M else "prefill")
+    if kind not in PLAN_KINDS:
+        raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+    routes = tokens * top_k
+    bm = block_m or select_block_m(routes, experts)
+    if kind == "decode":
+        bm = min(bm, 32)          # the decode kernel keeps <= 4 token groups in registers
+    # Few routes over many experts rarely share one: give each route its own 8-row block and
+    # skip the sort (see pack_routes_per_route); same kernels, same per-row results.
+    packing = packing or ("per_route" if kind == "decode" and block_m is None
+                          and routes * PER_ROUTE_RATIO <= experts else "sorted")
+    if packing not in PACKINGS:
+        raise ValueError(f"unknown packing {packing!r}; expected one of {PACKINGS}")
+    if packing == "per_route":
+        bm, blocks = 8, routes
+    else:
+        blocks = max_blocks(routes, experts, bm)
+    return MoePlan(kind=kind, tokens=tokens, top_k=top_k, experts=experts, block_m=bm,
+                   blocks=blocks, fc1=_gemm_plan(kind, hidden, inter, 2, top_k, bm, sms),
+                   fc2=_gemm_plan(kind, inter, hidden, 1, top_k, bm, sms), packing=packing)
+
+
+__all__ = ["DECODE_MAX_M", "DEFAULT_CAPACITY", "MoeGemmPlan", "MoePlan", "PACKINGS", "PLAN_KINDS",
+           "moe_plan"]

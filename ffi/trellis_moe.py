@@ -1,0 +1,594 @@
+"""Grouped Trellis GEMM for the MoE: route-packed blocks, each block of block_m rows multiplied by
+its own expert's trellis, decoded in registers into mma.sync fragments.
+
+    part[s, p, r, :] = xh[p, r, k split s] @ W_hat[p, expert(block(r))][k split s, :]
+
+p is the projection plane (FC1: 0 = gate, 1 = up, both in one launch over w13 [2, E, ...];
+FC2: one plane over w2 [E, ...]). Rows are the route-packed rows of exl3_jax.ops.moe_routing;
+blocks with expert -1 skip the k loop and write zeros; padding rows are zero in xh, so they
+produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense kernel's
+(ffi/trellis_mma.py); only the block -> expert lookup, the plane axis and the output rows differ.
+
+Pipeline of one MoE layer on the GPU (``moe_gpu``), what is fused and what is not:
+  0. route packing (XLA: exl3_jax.ops.moe_routing.pack_routes, a few fusions; no kernel);
+  1. rotate_in: gather of each packed row's token, * suh of its expert (gate and up planes),
+     Hadamard-128, fp16 (1 launch);
+  2. FC1: gate and up grouped GEMM over w13 in one launch;
+  3. activation: K-split sum, FC1 output Hadamard, * svh, (* x_scale), silu(gate) * up,
+     * down suh, FC2 input Hadamard, fp16 (1 launch; the two Hadamards act on the same
+     128-column blocks, so one warp does the whole chain);
+  4. FC2 grouped GEMM (1 launch);
+  5. combine: K-split sum, FC2 output Hadamard, * svh, top-k weighted sum in fp32 in slot
+     order per token (deterministic, no atomics) (1 launch).
+So 5 CuTe launches per layer plus the XLA route packing: not yet the single cooperative custom
+call of issue #6 (the phases are separate launches instead of grid-barrier phases). With
+EXL3_JAX_MOE_FUSED=0 (or expert biases) steps 1, 3 and 5 run as jnp glue around the plain
+Hadamard kernels of ffi/hadamard.py (6 CuTe launches + XLA fusions); kept as a cross-check.
+
+Layout contract (flat row-major, sizes static):
+  xw:   uint32 [planes, rows, k/2]             fp16 pairs of the rotated rows
+  tw:   uint32 [planes, E, k/16, n/16, W/2]    the native stacked trellis words
+  bexp: int32  [blocks]                        expert per block, -1 = unused
+  out:  float32 [splits, planes, rows, n]      partial sums (every element written)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import cutlass
+import cutlass.cute as cute
+import jax
+import jax.numpy as jnp
+import numpy as np
+from cutlass import Float16, Float32, Int32
+
+from exl3_jax.ops.moe_plans import MoeGemmPlan, MoePlan, moe_plan
+from exl3_jax.ops.moe_routing import (PackedRoutes, combine_routes, gather_expert_rows,
+                                      gather_rows, pack_routes, pack_routes_per_route)
+from exl3_jax.trellis import Exl3Weight
+
+from . import trellis_gemm as tg
+from .cute_ops import hadamard128_lane, lane_funnels
+from .hadamard import SCALE as HAD_SCALE
+from .hadamard import WARPS, HadamardConfig
+from .trellis_geometry import lane_geometry, supported_rates
+from .trellis_mma import MmaTiling, load_chunk, mma_chunk
+
+PLAN_ENV = "EXL3_JAX_MOE_PLAN"
+FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMmaConfig(MmaTiling):
+    """Every compile-time parameter of one grouped Trellis GEMM instance (the dense kernel's
+    tiling, MmaTiling, with blocks of block_m rows in place of its token tiles)."""
+    codebook: str
+    K: float
+    experts: int
+    planes: int
+    k: int
+    n: int
+    block_m: int           # rows per block (multiple of 8, <= 64)
+    blocks: int
+    n_tiles: int = 2
+    warps: int = 8
+    splits: int = 1
+    unroll: int = 1
+
+    @property
+    def m_tile(self) -> int:
+        return self.block_m
+
+    @property
+    def rows(self) -> int:
+        return self.blocks * self.block_m
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.n16 // self.n_tiles, self.splits, self.planes * self.blocks)
+
+    def validate(self) -> "GroupedMmaConfig":
+        if self.block_m % 8 or not 8 <= self.block_m <= 64:
+            raise ValueError(f"block_m {self.block_m} must be a multiple of 8 in [8, 64]")
+        self.check_tiling()
+        words = self.planes * self.experts * self.k16 * self.n16 * lane_geometry(self.K).words
+        if max(words, self.planes * self.rows * self.k // 2,
+               self.splits * self.planes * self.rows * self.n) >= 2**31:
+            raise ValueError("tensor too large for 32-bit indexing")
+        return self
+
+
+@cute.kernel
+def _grouped_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor, out: cute.Tensor,
+                        cfg: cutlass.Constexpr):
+    geo = lane_geometry(cfg.K)
+    tid, _, _ = cute.arch.thread_idx()
+    bx, by, bz = cute.arch.block_idx()
+    lane = tid % 32
+    warp = tid // 32
+    plane = bz // cfg.blocks
+    blk = bz % cfg.blocks
+    expert = Int32(bexp[blk])
+    live = expert >= 0
+    e_safe = cutlass.select_(live, expert, Int32(0))
+    tn0 = bx * cfg.n_tiles
+    row0 = blk * cfg.block_m
+    k0 = by * cfg.k_per_split
+    kw = cfg.k // 2
+    funnels = lane_funnels(geo, lane)
+    # Tile index of (k16 = 0, n16 = tn0) of this plane's expert in the flat tile sequence.
+    tile0 = (plane * cfg.experts + e_safe) * (cfg.k16 * cfg.n16) + tn0
+
+    nacc = cfg.acc_regs
+    acc = cute.make_rmem_tensor((nacc,), Float32)
+    for i in cutlass.range_constexpr(nacc):
+        acc[i] = Float32(0.0)
+
+    x_row_base = (plane * cfg.rows + row0 + lane // 4) * kw + lane % 4
+    chunk = cfg.warps * cfg.unroll
+    k_end = cutlass.select_(live, k0 + cfg.k_per_split, k0)     # unused block: no k steps
+    for c0 in cutlass.range(k0 + warp * cfg.unroll, k_end, chunk):
+        wbuf, bfrag = load_chunk(xw, tw, c0, tile0, x_row_base, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+
+    smem = cutlass.utils.SmemAllocator()
+    red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
+    for i in cutlass.range_constexpr(nacc):
+        red[(warp * nacc + i) * 32 + lane] = acc[i]
+    cute.arch.sync_threads()
+
+    out_row0 = (by * cfg.planes + plane) * cfg.rows + row0
+    per_thread = -(-(nacc * 32) // cfg.threads)
+    for e in cutlass.range_constexpr(per_thread):
+        idx = tid + e * cfg.threads
+        if idx < nacc * 32:
+            i = idx // 32
+            src_lane = idx % 32
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(cfg.warps):
+                total = total + red[(w * nacc + i) * 32 + src_lane]
+            r = i % 4
+            j = (i // 4) % cfg.n_tiles
+            g = i // (4 * cfg.n_tiles)
+            col = (tn0 + j) * 16 + src_lane // 4 + 8 * (r // 2)
+            tok = g * 8 + 2 * (src_lane % 4) + r % 2
+            out[(out_row0 + tok) * cfg.n + col] = total
+
+
+@cute.jit
+def launch_grouped_mma(stream, xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor,
+                       out: cute.Tensor, cfg: cutlass.Constexpr):
+    _grouped_mma_kernel(xw, tw, bexp, out, cfg).launch(grid=cfg.grid, block=(cfg.threads, 1, 1),
+                                                       stream=stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused glue kernels (one warp per (row, 128-column block); the Hadamard-128 of ffi/hadamard.py)
+#
+#   rotate_in:  xh[p, r] = fp16(H128(x[token(r)] * suh13[p, expert(r)]))   (0 for padding rows)
+#   activation: g, u = H128(sum_s part1[s, p, r]) * svh13[p, expert(r)] (* x_scale[token(r)]);
+#               xh2[r] = fp16(H128(silu(g) * u * suh2[expert(r)]))         (one warp does all:
+#               the output Hadamard of FC1 and the input Hadamard of FC2 act on the same
+#               128-column blocks, and everything between them is elementwise)
+#   combine:    y[t] = sum_j w[t, j] * H128(sum_s part2[s, route_row[t, j]]) * svh2[expert]
+#               in slot order j (fixed per token), fp32; invalid routes add exactly 0.
+
+@dataclasses.dataclass(frozen=True)
+class GlueConfig(HadamardConfig):
+    """A Hadamard-kernel config (one warp per 128-column block of ``rows`` rows: ``blocks``,
+    ``grid``) with the MoE fields. rows: planes * packed rows (rotate_in), packed rows
+    (activation) or tokens (combine); part_rows: packed rows of the GEMM partials (combine)."""
+    experts: int = 0
+    planes: int = 1
+    valid_cols: int = 0    # activation: logical I (columns beyond are zeroed)
+    top_k: int = 1
+    scaled: bool = False   # activation: x_scale given
+
+    @property
+    def plane_rows(self) -> int:
+        return self.rows // self.planes
+
+
+def _split_sum4(part, base_of_split, splits: int):
+    """This lane's 4 consecutive fp32 values summed over the K-split partials (split s at
+    part[base_of_split(s) + i]), in split order."""
+    v = [Float32(0.0)] * 4
+    for s in range(splits):
+        base = base_of_split(s)
+        v = [v[i] + part[base + i] for i in range(4)]
+    return v
+
+
+@cute.kernel
+def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp: cute.Tensor,
+                      out: cute.Tensor, cfg: cutlass.Constexpr):
+    tid, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    lane = tid % 32
+    task = bx * WARPS + tid // 32
+    if task < cfg.blocks:
+        nb = cfg.width // 128
+        plane = task // (cfg.plane_rows * nb)
+        row = (task // nb) % cfg.plane_rows
+        col = (task % nb) * 128 + 4 * lane
+        tok = Int32(rtok[row])
+        e = Int32(rexp[row])
+        live = (tok >= 0) & (e >= 0)
+        keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
+        src = cutlass.select_(live, tok, Int32(0)) * cfg.width + col
+        srow = (plane * cfg.experts + cutlass.select_(live, e, Int32(0))) * cfg.width + col
+        v = [Float32(x[src + i]) * Float32(suh[srow + i]) * keep for i in range(4)]
+        v = hadamard128_lane(v, lane)
+        base = (plane * cfg.plane_rows + row) * cfg.width + col
+        for i in cutlass.range_constexpr(4):
+            out[base + i] = Float16(v[i] * Float32(HAD_SCALE))
+
+
+@cute.kernel
+def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
+                       rtok: cute.Tensor, rexp: cute.Tensor, xscale: cute.Tensor,
+                       out: cute.Tensor, cfg: cutlass.Constexpr):
+    tid, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    lane = tid % 32
+    task = bx * WARPS + tid // 32
+    if task < cfg.blocks:
+        nb = cfg.width // 128
+        row = task // nb
+        col = (task % nb) * 128 + 4 * lane
+        tok = Int32(rtok[row])
+        e = Int32(rexp[row])
+        live = (tok >= 0) & (e >= 0)
+        e0 = cutlass.select_(live, e, Int32(0))
+        gu = []
+        for p in cutlass.range_constexpr(2):
+            v = _split_sum4(part, lambda s: ((s * 2 + p) * cfg.rows + row) * cfg.width + col,
+                            cfg.splits)
+            v = hadamard128_lane(v, lane)
+            srow = (p * cfg.experts + e0) * cfg.width + col
+            gu.append([v[i] * Float32(HAD_SCALE) * Float32(svh13[srow + i]) for i in range(4)])
+        g, u = gu
+        if cutlass.const_expr(cfg.scaled):
+            sc = Float32(xscale[cutlass.select_(live, tok, Int32(0))])
+            g = [g[i] * sc for i in range(4)]
+            u = [u[i] * sc for i in range(4)]
+        keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
+        h = []
+        for i in cutlass.range_constexpr(4):
+            silu = g[i] / (Float32(1.0) + cute.math.exp(-g[i]))
+            m = keep
+            if cutlass.const_expr(cfg.valid_cols < cfg.width):
+                m = cutlass.select_(col + i < cfg.valid_cols, keep, Float32(0.0))
+            h.append(silu * u[i] * m * Float32(suh2[e0 * cfg.width + col + i]))
+        h = hadamard128_lane(h, lane)
+        for i in cutlass.range_constexpr(4):
+            out[row * cfg.width + col + i] = Float16(h[i] * Float32(HAD_SCALE))
+
+
+@cute.kernel
+def _combine_kernel(part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
+                    route_row: cute.Tensor, weights: cute.Tensor, out: cute.Tensor,
+                    cfg: cutlass.Constexpr):
+    tid, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    lane = tid % 32
+    task = bx * WARPS + tid // 32
+    if task < cfg.blocks:
+        nb = cfg.width // 128
+        t = task // nb
+        col = (task % nb) * 128 + 4 * lane
+        acc = [Float32(0.0)] * 4
+        for j in cutlass.range_constexpr(cfg.top_k):
+            r = Int32(route_row[t * cfg.top_k + j])
+            valid = r >= 0
+            r0 = cutlass.select_(valid, r, Int32(0))
+            e0 = cutlass.max(Int32(rexp[r0]), Int32(0))
+            w = cutlass.select_(valid, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
+            v = _split_sum4(part, lambda s: (s * cfg.part_rows + r0) * cfg.width + col,
+                            cfg.splits)
+            v = hadamard128_lane(v, lane)
+            acc = [acc[i] + w * (v[i] * Float32(HAD_SCALE)
+                                 * Float32(svh2[e0 * cfg.width + col + i])) for i in range(4)]
+        for i in cutlass.range_constexpr(4):
+            out[t * cfg.width + col + i] = acc[i]
+
+
+@cute.jit
+def launch_rotate_in(stream, x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor,
+                     rexp: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
+    _rotate_in_kernel(x, suh, rtok, rexp, out, cfg).launch(grid=cfg.grid,
+                                                           block=(32 * WARPS, 1, 1),
+                                                           stream=stream)
+
+
+@cute.jit
+def launch_activation(stream, part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
+                      rtok: cute.Tensor, rexp: cute.Tensor, xscale: cute.Tensor,
+                      out: cute.Tensor, cfg: cutlass.Constexpr):
+    _activation_kernel(part, svh13, suh2, rtok, rexp, xscale, out, cfg).launch(
+        grid=cfg.grid, block=(32 * WARPS, 1, 1), stream=stream)
+
+
+@cute.jit
+def launch_combine(stream, part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
+                   route_row: cute.Tensor, weights: cute.Tensor, out: cute.Tensor,
+                   cfg: cutlass.Constexpr):
+    _combine_kernel(part, svh2, rexp, route_row, weights, out, cfg).launch(
+        grid=cfg.grid, block=(32 * WARPS, 1, 1), stream=stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX side
+
+
+def grouped_config(weight: Exl3Weight, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
+    """Config for a stacked weight [E] (planes 1) or [2, E] (planes 2)."""
+    stack = weight.stack_shape
+    planes = stack[0] if len(stack) == 2 else 1
+    return GroupedMmaConfig(codebook=weight.codebook, K=weight.K, experts=stack[-1],
+                            planes=planes, k=weight.k, n=weight.n, block_m=plan.block_m,
+                            blocks=plan.blocks, n_tiles=gp.n_tiles, warps=gp.warps,
+                            splits=gp.splits, unroll=gp.unroll).validate()
+
+
+def grouped_partials(xw, weight: Exl3Weight, block_expert, cfg: GroupedMmaConfig, out_init=None):
+    """The grouped kernel: flat fp32 [splits * planes * rows * n] (see the layout contract).
+    out_init: optional NaN-poisoned buffer written in place (validation)."""
+    from cutlass.jax import cutlass_call
+
+    tw = tg.trellis_words(weight.trellis)
+    shape = jax.ShapeDtypeStruct((cfg.splits * cfg.planes * cfg.rows * cfg.n,), jnp.float32)
+    bexp = jnp.asarray(block_expert, jnp.int32)
+    if out_init is None:
+        return cutlass_call(launch_grouped_mma, output_shape_dtype=shape, cfg=cfg,
+                            compile_options=tg._cute_options())(xw, tw, bexp)
+    return cutlass_call(launch_grouped_mma, output_shape_dtype=shape, cfg=cfg,
+                        input_output_aliases={3: 0},
+                        compile_options=tg._cute_options())(xw, tw, bexp, out_init)
+
+
+def supports(w13: Exl3Weight, down: Exl3Weight) -> bool:
+    return (w13.K in supported_rates() and down.K in supported_rates()
+            and len(w13.stack_shape) == 2 and w13.stack_shape[0] == 2
+            and len(down.stack_shape) == 1 and down.stack_shape[0] == w13.stack_shape[1])
+
+
+def plan_for(tokens: int, top_k: int, w13: Exl3Weight, down: Exl3Weight,
+             force: str | None = None) -> MoePlan:
+    force = force or os.environ.get(PLAN_ENV, "auto") or "auto"
+    return moe_plan(tokens, top_k, w13.stack_shape[1], w13.k, w13.n,
+                    kind=None if force == "auto" else force, sms=tg.device_sms())
+
+
+def rotate_in(x, suh13, pr: PackedRoutes):
+    """Fused gather + input rotation of both planes: x [T, H] -> flat fp16 [2 * rows * H]."""
+    from cutlass.jax import cutlass_call
+    T, H = x.shape
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    cfg = GlueConfig(rows=2 * pr.rows, valid=2 * pr.rows, width=H, experts=suh13.shape[1],
+                     planes=2)
+    return cutlass_call(launch_rotate_in, cfg=cfg, compile_options=tg._cute_options(),
+                        output_shape_dtype=jax.ShapeDtypeStruct((2 * pr.rows * H,),
+                                                                jnp.float16))(
+        x.reshape(-1), jnp.asarray(suh13, jnp.float16).reshape(-1), pr.row_token,
+        pr.row_expert)
+
+
+def activation(part1, svh13, suh2, pr: PackedRoutes, x_scale, *, splits: int, inter: int,
+               valid_cols: int):
+    """Fused FC1 output rotation, svh, SwiGLU, FC2 input rotation: flat fp32 partials
+    [splits * 2 * rows * I] -> flat fp16 [rows * I]."""
+    from cutlass.jax import cutlass_call
+    E = svh13.shape[1]
+    scaled = x_scale is not None
+    xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
+              else jnp.ones((1,), jnp.float32))
+    cfg = GlueConfig(rows=pr.rows, valid=pr.rows, width=inter, experts=E, splits=splits,
+                     valid_cols=valid_cols, scaled=scaled)
+    return cutlass_call(launch_activation, cfg=cfg, compile_options=tg._cute_options(),
+                        output_shape_dtype=jax.ShapeDtypeStruct((pr.rows * inter,),
+                                                                jnp.float16))(
+        part1, jnp.asarray(svh13, jnp.float16).reshape(-1),
+        jnp.asarray(suh2, jnp.float16).reshape(-1), pr.row_token, pr.row_expert, xscale)
+
+
+def combine(part2, svh2, pr: PackedRoutes, weights, *, splits: int, hidden: int):
+    """Fused FC2 output rotation, svh and fp32 top-k sum: flat fp32 partials
+    [splits * rows * H] -> fp32 [T, H]."""
+    from cutlass.jax import cutlass_call
+    T, top_k = pr.route_row.shape
+    cfg = GlueConfig(rows=T, valid=T, width=hidden, experts=svh2.shape[0], splits=splits,
+                     part_rows=pr.rows, top_k=top_k)
+    y = cutlass_call(launch_combine, cfg=cfg, compile_options=tg._cute_options(),
+                     output_shape_dtype=jax.ShapeDtypeStruct((T * hidden,), jnp.float32))(
+        part2, jnp.asarray(svh2, jnp.float16).reshape(-1), pr.row_expert,
+        pr.route_row.reshape(-1), jnp.asarray(weights, jnp.float32).reshape(-1))
+    return y.reshape(T, hidden)
+
+
+def fused_glue_default() -> bool:
+    return (os.environ.get(FUSED_ENV, "1") or "1") != "0"
+
+
+def pack_for(ids, num_experts: int, plan: MoePlan) -> PackedRoutes:
+    """The route packing the plan asks for (sorted blocks or one block per route)."""
+    if plan.packing == "per_route":
+        return pack_routes_per_route(ids, num_experts, plan.block_m)
+    return pack_routes(ids, num_experts, plan.block_m)
+
+
+def _rotate_in(xs, rows_total: int):
+    """fp32 [rows_total, d] (already * suh) -> fp16 words of had128 (Hadamard kernel)."""
+    ones = jnp.ones((xs.shape[1],), jnp.float16)
+    return tg.f16_words(tg.hadamard_in(xs, ones, rows_total))
+
+
+def _rotate_out(part, rows_total: int, splits: int, n: int):
+    """Flat fp32 K-split partials -> fp32 [rows_total, n] = had128(sum of splits)."""
+    ones = jnp.ones((n,), jnp.float16)
+    return tg.hadamard_out(part, ones, None, m=rows_total, m_pad=rows_total, splits=splits, n=n)
+
+
+def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
+            plan: MoePlan | str | None = None, poison: bool = False,
+            fused: bool | None = None):
+    """Routed SwiGLU experts on the GPU, route-packed and grouped.
+
+    Args:
+      x: float [T, d], d <= H (padded hidden of w13).
+      ids: int [T, top_k] local expert ids (-1 or out of range = no expert);
+      weights: float [T, top_k].
+      w13: Exl3Weight stacked [2, E] (plane 0 gate, plane 1 up); down: Exl3Weight [E].
+      x_scale: optional float32 [T, 1]; the true input is x * x_scale.
+      plan: a MoePlan, a plan kind, or None (auto / EXL3_JAX_MOE_PLAN).
+      poison: kernels write into NaN-filled buffers (validation).
+      fused: True: the fused glue kernels (rotate_in, activation, combine: 5 launches);
+        False: jnp glue + Hadamard kernels (8 launches); None: $EXL3_JAX_MOE_FUSED (default 1).
+        Expert biases always take the unfused glue.
+    Returns:
+      float32 [T, down.out_features].
+    """
+    if not supports(w13, down):
+        raise ValueError(f"no grouped MoE kernel for w13 {w13.stack_shape} K={w13.K}, down "
+                         f"{down.stack_shape} K={down.K}")
+    T = x.shape[0]
+    top_k = ids.shape[1]
+    E = w13.stack_shape[1]
+    H, I = w13.k, w13.n
+    if not isinstance(plan, MoePlan):
+        plan = plan_for(T, top_k, w13, down, plan)
+    pr = pack_for(ids, E, plan)
+    assert pr.blocks == plan.blocks, (pr.blocks, plan.blocks)
+    rows = pr.rows
+    x = _pad(x, H)
+
+    if fused is None:
+        fused = fused_glue_default()
+    cfg1 = grouped_config(w13, plan.fc1, plan)
+    cfg2 = grouped_config(down, plan.fc2, plan)
+    init1 = (jnp.full((cfg1.splits * 2 * rows * I,), np.float32(np.nan)) if poison else None)
+    init2 = (jnp.full((cfg2.splits * rows * H,), np.float32(np.nan)) if poison else None)
+    if fused and w13.bias is None and down.bias is None:
+        xh = rotate_in(x, w13.suh, pr)                                            # [2*rows*H]
+        part1 = grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1, init1)
+        xh2 = activation(part1, w13.svh, down.suh, pr, x_scale, splits=cfg1.splits, inter=I,
+                         valid_cols=w13.out_features)                             # [rows*I]
+        part2 = grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2, init2)
+        y = combine(part2, down.svh, pr, weights, splits=cfg2.splits, hidden=H)
+        return y[:, :down.out_features]
+
+    # FC1: both planes' input rotations, one grouped launch over w13.
+    xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)                  # [rows, H]
+    suh = jnp.stack([gather_expert_rows(w13.suh[p], pr.row_expert) for p in range(2)])
+    xs = (xr[None] * suh.astype(jnp.float32)).reshape(2 * rows, H)              # [2*rows, H]
+    part1 = grouped_partials(_rotate_in(xs, 2 * rows), w13, pr.block_expert, cfg1, init1)
+    y1 = _rotate_out(part1, 2 * rows, cfg1.splits, I).reshape(2, rows, I)
+    svh = jnp.stack([gather_expert_rows(w13.svh[p], pr.row_expert) for p in range(2)])
+    y1 = y1 * svh.astype(jnp.float32)                                             # [2, rows, I]
+    if w13.bias is not None:
+        y1 = y1 + jnp.stack([gather_expert_rows(w13.bias[p], pr.row_expert)
+                             for p in range(2)]).astype(jnp.float32)
+    if x_scale is not None:
+        y1 = y1 * gather_rows(jnp.asarray(x_scale, jnp.float32), pr.row_token)[None]
+    h = jax.nn.silu(y1[0]) * y1[1]                                                # [rows, I]
+    if w13.out_features < I:                                                      # padded I
+        h = jnp.where(jnp.arange(I) < w13.out_features, h, 0.0)
+    h = jnp.where((pr.row_token >= 0)[:, None], h, 0.0)     # padding rows stay exactly zero
+
+    # FC2.
+    xs2 = h * gather_expert_rows(down.suh, pr.row_expert).astype(jnp.float32)
+    part2 = grouped_partials(_rotate_in(xs2, rows), down, pr.block_expert, cfg2, init2)
+    y2 = _rotate_out(part2, rows, cfg2.splits, down.n)
+    y2 = y2 * gather_expert_rows(down.svh, pr.row_expert).astype(jnp.float32)    # [rows, H]
+    if down.bias is not None:
+        y2 = y2 + gather_expert_rows(down.bias, pr.row_expert).astype(jnp.float32)
+    return combine_routes(y2, pr.route_row, weights)[:, :down.out_features]
+
+
+def _pad(x, k: int):
+    d = x.shape[-1]
+    if d > k:
+        raise ValueError(f"input last axis {d} exceeds the padded hidden size {k}")
+    return x if d == k else jnp.pad(x, ((0, 0), (0, k - d)))
+
+
+__all__ = ["GroupedMmaConfig", "PLAN_ENV", "pack_for", "grouped_config", "grouped_partials",
+           "launch_grouped_mma", "moe_gpu", "plan_for", "supports"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile-only export check (CI): one process per arch, CUTE_DSL_ARCH set before import.
+
+
+def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int,
+               plan: str | None = None, scaled: bool = False, inter_valid: int | None = None):
+    """jax.export of moe_gpu for platforms=["cuda"] on flat arrays (x, ids, weights, w13 leaves,
+    down leaves); compiles every CuTe kernel of the layer for CUTE_DSL_ARCH. scaled: with an
+    x_scale operand (the bf16 model path); inter_valid: logical I < padded I."""
+    from jax import export
+
+    from exl3_jax.format.spec import width_from_rate
+
+    from .aot import disabled_checks
+
+    W = width_from_rate(K)
+
+    iv = inter_valid or I
+
+    def fn(x, ids, wts, t13, suh13, svh13, t2, suh2, svh2):
+        w13 = Exl3Weight(t13, suh13, svh13, None, codebook, K, H, iv)
+        down = Exl3Weight(t2, suh2, svh2, None, codebook, K, iv, H)
+        scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=1, keepdims=True) if scaled else None
+        return moe_gpu(x, ids, wts, w13, down, plan=plan, x_scale=scale)
+
+    sds = jax.ShapeDtypeStruct
+    f16 = jnp.float16
+    args = [sds((tokens, H), jnp.bfloat16), sds((tokens, top_k), jnp.int32),
+            sds((tokens, top_k), jnp.float32),
+            sds((2, E, H // 16, I // 16, W), jnp.int16), sds((2, E, H), f16), sds((2, E, I), f16),
+            sds((E, I // 16, H // 16, W), jnp.int16), sds((E, I), f16), sds((E, H), f16)]
+    return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=disabled_checks())(
+        *args)
+
+
+def _check(cases) -> int:
+    import json
+    import time
+
+    from .aot import CUSTOM_CALL_PREFIX, configured_arch, cubin_sms
+    for case in cases:
+        codebook, K, tokens, plan, E, H, I, top_k = case[:8]
+        scaled, inter_valid = (list(case[8:10]) + [False, None])[:2] if len(case) > 8 else (
+            False, None)
+        t0 = time.perf_counter()
+        row = dict(arch=configured_arch(), codebook=codebook, K=K, tokens=tokens, plan=plan, E=E,
+                   H=H, I=I, top_k=top_k, scaled=scaled, inter_valid=inter_valid)
+        try:
+            exp = export_moe(E, H, I, K, codebook, tokens, top_k, plan, scaled, inter_valid)
+            text = exp.mlir_module()
+            row.update(ok=True, calls=text.count(CUSTOM_CALL_PREFIX),
+                       sms=sorted(cubin_sms(exp.mlir_module_serialized)),
+                       bytes=len(exp.serialize()))
+        except Exception as e:   # noqa: BLE001 -- reported to the test
+            row.update(ok=False, error=f"{type(e).__name__}: {e}"[:3000])
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    import sys
+    ap = argparse.ArgumentParser(description="compile-only export check of the grouped MoE")
+    ap.add_argument("--check", required=True,
+                    help="JSON list of [codebook, K, tokens, plan, E, H, I, top_k"
+                         "(, scaled, inter_valid)]")
+    a = ap.parse_args()
+    if not os.environ.get("CUTE_DSL_ARCH"):
+        print("set CUTE_DSL_ARCH (sm_90a or sm_120a)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_check(json.loads(a.check)))

@@ -1,0 +1,100 @@
+"""Compile-only CI tests of the grouped Trellis MoE kernels (no GPU here): every case is
+jax.export-ed for platforms=["cuda"] with CUTE_DSL_ARCH=sm_90a and sm_120a (one subprocess per
+arch, since CuTe DSL reads the arch once per process), which compiles the grouped FC1/FC2
+kernels and the fused glue kernels (rotate_in, activation, combine) and embeds their cubins. Checked: the export
+succeeds, holds the 5 CuTe custom calls of moe_gpu, and its cubins are for the requested SM
+only. The numerics are validated on the H200 by scripts/gpu_validate_moe.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from test_ffi_trellis import EXPECTED_SM, needs_cutlass   # the dense kernels' compile test
+
+from exl3_jax.ops.moe_plans import moe_plan
+
+# [codebook, K, tokens, plan, E, H, I, top_k(, x_scale, logical I)]: every integer K 2..8 and a
+# half rate, each codebook, both plans, every block_m (8, 16, 32, 48, 64), K-splits > 1, unroll
+# 1/2/4, the scaled-fp16-operand activation variant and a padded intermediate size.
+CASES = [
+    ["3inst", 2, 1, "decode", 8, 256, 128, 2],
+    ["mcg", 3, 16, "decode", 16, 512, 256, 4],
+    ["mul1", 4, 64, "prefill", 8, 256, 256, 4],
+    ["mcg", 5, 40, "prefill", 8, 256, 128, 2, True, None],
+    ["3inst", 6, 3, "decode", 8, 256, 384, 2, True, 300],
+    ["mul1", 7, 80, "prefill", 8, 256, 128, 4],
+    ["mcg", 8, 200, "prefill", 8, 256, 128, 2],
+    ["mul1", 3.5, 1, "decode", 128, 2048, 768, 8],
+]
+
+
+def test_cases_cover_the_plan_parameters():
+    plans = [moe_plan(c[2], c[7], c[4], c[5], c[6], kind=c[3]) for c in CASES]
+    assert {p.block_m for p in plans} == {8, 16, 32, 48, 64}
+    assert {p.kind for p in plans} == {"decode", "prefill"}
+    gemms = [g for p in plans for g in (p.fc1, p.fc2)]
+    assert any(g.splits > 1 for g in gemms)
+    assert {g.unroll for g in gemms} >= {1, 2, 4}
+    assert {c[1] for c in CASES} >= {2, 3, 4, 5, 6, 7, 8}
+    assert {c[0] for c in CASES} == {"3inst", "mcg", "mul1"}
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_moe_kernels_compile_and_export(arch):
+    env = dict(os.environ, CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "exl3_jax.ffi.trellis_moe", "--check", json.dumps(CASES)],
+        env=env, capture_output=True, text=True, timeout=600)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(rows) == len(CASES), proc.stderr[-3000:]
+    other = {v for k, v in EXPECTED_SM.items() if k != arch}
+    for row in rows:
+        assert row["ok"], row
+        assert row["calls"] == 5, row      # rotate_in, FC1, activation, FC2, combine
+        assert EXPECTED_SM[arch] in row["sms"] and not other & set(row["sms"]), row
+
+
+DISPATCH_EXPORT = """
+import importlib
+import jax, jax.numpy as jnp
+from jax import export
+from exl3_jax.ffi import aot
+from exl3_jax.trellis import Exl3Weight
+moe_ops = importlib.import_module("exl3_jax.ops.moe")
+
+def f(x, ids, w, t3, s3, v3, t4, s4, v4, u3, u4, tier, slot):
+    tiers = [(Exl3Weight(t3, s3, v3, None, "mcg", 3, 256, 128),
+              Exl3Weight(t4, s4, v4, None, "mcg", 3, 128, 256)),
+             (Exl3Weight(u3, s3, v3, None, "mul1", 4, 256, 128),
+              Exl3Weight(u4, s4, v4, None, "mul1", 4, 128, 256))]
+    return moe_ops.moe_tiered(x, ids, w, tiers, tier, slot, backend="gpu")
+
+sds = jax.ShapeDtypeStruct
+f16 = jnp.float16
+exp = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=aot.disabled_checks())(
+    sds((5, 200), jnp.bfloat16), sds((5, 2), jnp.int32), sds((5, 2), jnp.float32),
+    sds((2, 4, 16, 8, 48), jnp.int16), sds((2, 4, 256), f16), sds((2, 4, 128), f16),
+    sds((4, 8, 16, 48), jnp.int16), sds((4, 128), f16), sds((4, 256), f16),
+    sds((2, 4, 16, 8, 64), jnp.int16), sds((4, 8, 16, 64), jnp.int16),
+    sds((8,), jnp.int32), sds((8,), jnp.int32))
+back = export.deserialize(exp.serialize())
+print(exp.mlir_module().count(aot.CUSTOM_CALL_PREFIX), back.out_avals[0].shape)
+"""
+
+
+@needs_cutlass
+def test_tiered_dispatch_lowers_for_cuda():
+    # The ops-level dispatch (two K tiers, narrower input 200 -> 256) exports for CUDA and
+    # survives serialization: the module holds each distinct CuTe kernel once: the 3 glue
+    # kernels shared by the tiers + FC1 and FC2 of the K3 mcg and the K4 mul1 tier.
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", DISPATCH_EXPORT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == "7 (5, 256)", proc.stdout
