@@ -907,8 +907,10 @@ def shard_model(model, mesh: Mesh, *, moe_mode: str = "experts",
             if not isinstance(mlp.experts, Exl3Experts):
                 raise NotImplementedError(f"{name}.mlp: tensor parallelism needs EXL3 experts")
             ex = mlp.experts
-            gate_up, down = shard_experts(mesh, gate_up_stack(ex.gate, ex.up), ex.down,
-                                          layer=f"{name}.mlp", mode=moe_mode, axis=axis)
+            # The experts' own layout (gate_up_stack's): their w13 slab as it is, no re-stack.
+            gate_up = ex.w13 if ex.w13 is not None else (ex.gate, ex.up)
+            gate_up, down = shard_experts(mesh, gate_up, ex.down, layer=f"{name}.mlp",
+                                          mode=moe_mode, axis=axis)
             if moe_mode == "tensor":
                 gate_up = _each(gate_up, lambda w: _column_local(w, tp))
                 down = _row_local(down, tp)

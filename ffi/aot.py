@@ -289,15 +289,17 @@ def lookup_linear(x2, weight, plan, transforms: str, *, jit_ok):
     return exp
 
 
-def _check(cases) -> int:
+def check_exports(cases, describe, export) -> int:
+    """Compile-only export check: one JSON row per case on stdout (for the tests), with the
+    case's fields ``describe(case)`` (a dict), the arch, and ok / custom_call / calls (CuTe
+    custom calls in the module) / sms (cubin SMs) / bytes, or the error; ``export(fields)``
+    returns the jax.export.Exported of the case."""
     arch = configured_arch()
     for case in cases:
-        codebook, K, m, plan = case[:4]
-        k, n = case[4:6] if len(case) > 4 else (256, 256)
         t0 = time.perf_counter()
-        row = {"arch": arch, "codebook": codebook, "K": K, "m": m, "plan": plan, "k": k, "n": n}
+        row = {"arch": arch, **describe(case)}
         try:
-            exp, _ = export_linear(k, n, K, codebook, m, plan)
+            exp = export(dict(row))
             text = exp.mlir_module()
             blob = exp.mlir_module_serialized
             row.update(ok=True, custom_call=CUSTOM_CALL_PREFIX in text,
@@ -310,15 +312,32 @@ def _check(cases) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="compile-only export check (one arch per process)")
-    p.add_argument("--check", required=True,
-                   help='JSON list of [codebook, K, m, plan(, k, n)] cases')
+def check_main(describe, export, description: str, case_help: str, argv=None) -> int:
+    """``--check JSON`` command line around ``check_exports`` (one arch per process: the arch
+    must be set in the environment before cutlass is imported)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--check", required=True, help=case_help)
     a = p.parse_args(argv)
     if not configured_arch():
         print(f"set {ARCH_ENV} (sm_90a or sm_120a) before running", file=sys.stderr)
         return 2
-    return _check(json.loads(a.check))
+    return check_exports(json.loads(a.check), describe, export)
+
+
+def _linear_case(case) -> dict:
+    codebook, K, m, plan = case[:4]
+    k, n = case[4:6] if len(case) > 4 else (256, 256)
+    return {"codebook": codebook, "K": K, "m": m, "plan": plan, "k": k, "n": n}
+
+
+def _export_linear_case(c):
+    return export_linear(c["k"], c["n"], c["K"], c["codebook"], c["m"], c["plan"])[0]
+
+
+def main(argv=None) -> int:
+    return check_main(_linear_case, _export_linear_case,
+                      "compile-only export check (one arch per process)",
+                      "JSON list of [codebook, K, m, plan(, k, n)] cases", argv)
 
 
 if __name__ == "__main__":

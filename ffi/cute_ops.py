@@ -120,6 +120,29 @@ def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
     return [decode_pair(states[2 * p], states[2 * p + 1], codebook) for p in range(4)]
 
 
+def cta_thread_ids():
+    """(tid, lane, warp, (bx, by, bz)): this thread's index in the CTA, its lane and warp, and
+    the CTA's grid index. Inlined at trace time."""
+    tid, _, _ = cute.arch.thread_idx()
+    bx, by, bz = cute.arch.block_idx()
+    return tid, tid % 32, tid // 32, (bx, by, bz)
+
+
+def warp_task(warps: int):
+    """(lane, task) of this thread in a launch of one task per warp: task is the warp's global
+    index (block bx runs tasks bx * warps .. bx * warps + warps - 1). Inlined at trace time."""
+    tid, _, _ = cute.arch.thread_idx()
+    bx, _, _ = cute.arch.block_idx()
+    return tid % 32, bx * warps + tid // 32
+
+
+def block_row_col(task, width: int, lane):
+    """(row, first of this lane's 4 columns) of ``task`` when tasks walk the 128-column blocks
+    of rows of ``width`` (a multiple of 128) row by row."""
+    nb = width // 128
+    return task // nb, (task % nb) * 128 + 4 * lane
+
+
 def hadamard128_lane(v, lane):
     """Unnormalised Walsh-Hadamard transform of a 128-vector spread over a warp, lane l holding
     elements 4l..4l+3 (list of 4 Float32). Stages on index bits 0..6 (lo' = lo + hi,
@@ -137,5 +160,5 @@ def hadamard128_lane(v, lane):
     return v
 
 
-__all__ = ["decode_pair", "decode_words", "hadamard128_lane", "lane_funnels", "load_tile_words",
-           "mma_m16n8k16_f16_f32"]
+__all__ = ["block_row_col", "cta_thread_ids", "decode_pair", "decode_words", "hadamard128_lane",
+           "lane_funnels", "load_tile_words", "mma_m16n8k16_f16_f32", "warp_task"]

@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32
 
-from .cute_ops import hadamard128_lane
+from .cute_ops import block_row_col, hadamard128_lane, warp_task
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
@@ -50,14 +50,9 @@ class HadamardConfig:
 @cute.kernel
 def _hadamard_in_kernel(x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
                         cfg: cutlass.Constexpr):
-    tid, _, _ = cute.arch.thread_idx()
-    bx, _, _ = cute.arch.block_idx()
-    lane = tid % 32
-    blk = bx * WARPS + tid // 32
+    lane, blk = warp_task(WARPS)
     if blk < cfg.blocks:
-        nb = cfg.width // 128
-        row = blk // nb
-        col = (blk % nb) * 128 + 4 * lane
+        row, col = block_row_col(blk, cfg.width, lane)
         # Padding rows read row valid-1 and are zeroed by a factor: no divergent branch around
         # the warp shuffles, and x needs no padded copy.
         src = cutlass.min(row, cfg.valid - 1) * cfg.width + col
@@ -71,14 +66,9 @@ def _hadamard_in_kernel(x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
 @cute.kernel
 def _hadamard_out_kernel(part: cute.Tensor, svh: cute.Tensor, bias: cute.Tensor, y: cute.Tensor,
                          cfg: cutlass.Constexpr):
-    tid, _, _ = cute.arch.thread_idx()
-    bx, _, _ = cute.arch.block_idx()
-    lane = tid % 32
-    blk = bx * WARPS + tid // 32
+    lane, blk = warp_task(WARPS)
     if blk < cfg.blocks:
-        nb = cfg.width // 128
-        row = blk // nb
-        col = (blk % nb) * 128 + 4 * lane
+        row, col = block_row_col(blk, cfg.width, lane)
         v = [part[row * cfg.width + col + e] for e in range(4)]
         for s in cutlass.range_constexpr(1, cfg.splits):
             base = (s * cfg.part_rows + row) * cfg.width + col

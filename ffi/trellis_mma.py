@@ -39,7 +39,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .cute_ops import decode_words, lane_funnels, load_tile_words, mma_m16n8k16_f16_f32
+from .cute_ops import (cta_thread_ids, decode_words, lane_funnels, load_tile_words,
+                       mma_m16n8k16_f16_f32)
 from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
 
 
@@ -154,15 +155,54 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
                     acc[i0 + r] = d[r]
 
 
+def zero_accumulators(cfg):
+    """This thread's fp32 MMA accumulators, acc_regs registers, all 0 (plain Python inlined at
+    trace time, hence ``range``: the DSL preprocessor rewrites only the kernels)."""
+    acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
+    for i in range(cfg.acc_regs):
+        acc[i] = Float32(0.0)
+    return acc
+
+
+def fold_warp_partials(acc, warp, lane, cfg):
+    """Write this warp's accumulators to shared memory, red[(w * acc_regs + i) * 32 + lane],
+    and barrier; returns red (fp32 [warps * acc_regs * 32]). The warps' sums are then read back
+    by ``summed_fragment``. Plain Python inlined at trace time (so plain ``range``:
+    the DSL preprocessor does not rewrite helpers)."""
+    nacc = cfg.acc_regs
+    smem = cutlass.utils.SmemAllocator()
+    red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
+    for i in range(nacc):
+        red[(warp * nacc + i) * 32 + lane] = acc[i]
+    cute.arch.sync_threads()
+    return red
+
+
+def summed_fragment(red, idx, tn0, tok0, cfg):
+    """Element idx (< acc_regs * 32: register idx // 32 of lane idx % 32) of the D fragments
+    summed over the warps: (total, token tok0 + t, output column). D fragment (16 output columns
+    x 8 tokens): regs (0,1) at column lane//4, tokens 2(lane%4) + (0,1); regs (2,3) at column
+    lane//4 + 8."""
+    nacc = cfg.acc_regs
+    i = idx // 32
+    src_lane = idx % 32
+    total = Float32(0.0)
+    for w in range(cfg.warps):
+        total = total + red[(w * nacc + i) * 32 + src_lane]
+    r = i % 4
+    j = (i // 4) % cfg.n_tiles
+    g = i // (4 * cfg.n_tiles)
+    col = (tn0 + j) * 16 + src_lane // 4 + 8 * (r // 2)
+    tok = tok0 + g * 8 + 2 * (src_lane % 4) + r % 2
+    return total, tok, col
+
+
 @cute.kernel
 def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                         cfg: cutlass.Constexpr):
     geo = lane_geometry(cfg.K)
 
-    tid, _, _ = cute.arch.thread_idx()
-    bx, by, bz = cute.arch.block_idx()
-    lane = tid % 32
-    warp = tid // 32
+    tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     tn0 = bx * cfg.n_tiles
     m0 = bz * cfg.m_tile
     k0 = by * cfg.k_per_split
@@ -170,9 +210,7 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
 
     nacc = cfg.acc_regs
-    acc = cute.make_rmem_tensor((nacc,), Float32)
-    for i in cutlass.range_constexpr(nacc):
-        acc[i] = Float32(0.0)
+    acc = zero_accumulators(cfg)
 
     # B fragment of token group g: token m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4).
     x_row_base = (m0 + lane // 4) * kw + lane % 4
@@ -183,29 +221,12 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
         wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_row_base, funnels, geo, cfg)
         mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
-    # Fold the warps' partial sums in shared memory: red[(w * nacc + i) * 32 + lane].
-    smem = cutlass.utils.SmemAllocator()
-    red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
-    for i in cutlass.range_constexpr(nacc):
-        red[(warp * nacc + i) * 32 + lane] = acc[i]
-    cute.arch.sync_threads()
-
-    # D fragment (16 output columns x 8 tokens): regs (0,1) at column lane//4, tokens
-    # 2(lane%4) + (0,1); regs (2,3) at column lane//4 + 8.
+    red = fold_warp_partials(acc, warp, lane, cfg)
     per_thread = -(-(nacc * 32) // cfg.threads)
     for e in cutlass.range_constexpr(per_thread):
         idx = tid + e * cfg.threads
         if idx < nacc * 32:
-            i = idx // 32
-            src_lane = idx % 32
-            total = Float32(0.0)
-            for w in cutlass.range_constexpr(cfg.warps):
-                total = total + red[(w * nacc + i) * 32 + src_lane]
-            r = i % 4
-            j = (i // 4) % cfg.n_tiles
-            g = i // (4 * cfg.n_tiles)
-            col = (tn0 + j) * 16 + src_lane // 4 + 8 * (r // 2)
-            tok = m0 + g * 8 + 2 * (src_lane % 4) + r % 2
+            total, tok, col = summed_fragment(red, idx, tn0, m0, cfg)
             out[(by * cfg.m_pad + tok) * cfg.n + col] = total
 
 

@@ -50,11 +50,13 @@ from exl3_jax.ops.moe_routing import (PackedRoutes, combine_routes, gather_exper
 from exl3_jax.trellis import Exl3Weight
 
 from . import trellis_gemm as tg
-from .cute_ops import hadamard128_lane, lane_funnels
+from .cute_ops import (block_row_col, cta_thread_ids, hadamard128_lane, lane_funnels,
+                       warp_task)
 from .hadamard import SCALE as HAD_SCALE
 from .hadamard import WARPS, HadamardConfig
 from .trellis_geometry import lane_geometry, supported_rates
-from .trellis_mma import MmaTiling, load_chunk, mma_chunk
+from .trellis_mma import (MmaTiling, fold_warp_partials, load_chunk, mma_chunk,
+                          summed_fragment, zero_accumulators)
 
 PLAN_ENV = "EXL3_JAX_MOE_PLAN"
 FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
@@ -104,10 +106,7 @@ class GroupedMmaConfig(MmaTiling):
 def _grouped_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor, out: cute.Tensor,
                         cfg: cutlass.Constexpr):
     geo = lane_geometry(cfg.K)
-    tid, _, _ = cute.arch.thread_idx()
-    bx, by, bz = cute.arch.block_idx()
-    lane = tid % 32
-    warp = tid // 32
+    tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     plane = bz // cfg.blocks
     blk = bz % cfg.blocks
     expert = Int32(bexp[blk])
@@ -122,9 +121,7 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor, out
     tile0 = (plane * cfg.experts + e_safe) * (cfg.k16 * cfg.n16) + tn0
 
     nacc = cfg.acc_regs
-    acc = cute.make_rmem_tensor((nacc,), Float32)
-    for i in cutlass.range_constexpr(nacc):
-        acc[i] = Float32(0.0)
+    acc = zero_accumulators(cfg)
 
     x_row_base = (plane * cfg.rows + row0 + lane // 4) * kw + lane % 4
     chunk = cfg.warps * cfg.unroll
@@ -133,27 +130,13 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor, out
         wbuf, bfrag = load_chunk(xw, tw, c0, tile0, x_row_base, funnels, geo, cfg)
         mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
-    smem = cutlass.utils.SmemAllocator()
-    red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
-    for i in cutlass.range_constexpr(nacc):
-        red[(warp * nacc + i) * 32 + lane] = acc[i]
-    cute.arch.sync_threads()
-
+    red = fold_warp_partials(acc, warp, lane, cfg)
     out_row0 = (by * cfg.planes + plane) * cfg.rows + row0
     per_thread = -(-(nacc * 32) // cfg.threads)
     for e in cutlass.range_constexpr(per_thread):
         idx = tid + e * cfg.threads
         if idx < nacc * 32:
-            i = idx // 32
-            src_lane = idx % 32
-            total = Float32(0.0)
-            for w in cutlass.range_constexpr(cfg.warps):
-                total = total + red[(w * nacc + i) * 32 + src_lane]
-            r = i % 4
-            j = (i // 4) % cfg.n_tiles
-            g = i // (4 * cfg.n_tiles)
-            col = (tn0 + j) * 16 + src_lane // 4 + 8 * (r // 2)
-            tok = g * 8 + 2 * (src_lane % 4) + r % 2
+            total, tok, col = summed_fragment(red, idx, tn0, 0, cfg)
             out[(out_row0 + tok) * cfg.n + col] = total
 
 
@@ -204,10 +187,7 @@ def _split_sum4(part, base_of_split, splits: int):
 @cute.kernel
 def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp: cute.Tensor,
                       out: cute.Tensor, cfg: cutlass.Constexpr):
-    tid, _, _ = cute.arch.thread_idx()
-    bx, _, _ = cute.arch.block_idx()
-    lane = tid % 32
-    task = bx * WARPS + tid // 32
+    lane, task = warp_task(WARPS)
     if task < cfg.blocks:
         nb = cfg.width // 128
         plane = task // (cfg.plane_rows * nb)
@@ -230,14 +210,9 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
 def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
                        rtok: cute.Tensor, rexp: cute.Tensor, xscale: cute.Tensor,
                        out: cute.Tensor, cfg: cutlass.Constexpr):
-    tid, _, _ = cute.arch.thread_idx()
-    bx, _, _ = cute.arch.block_idx()
-    lane = tid % 32
-    task = bx * WARPS + tid // 32
+    lane, task = warp_task(WARPS)
     if task < cfg.blocks:
-        nb = cfg.width // 128
-        row = task // nb
-        col = (task % nb) * 128 + 4 * lane
+        row, col = block_row_col(task, cfg.width, lane)
         tok = Int32(rtok[row])
         e = Int32(rexp[row])
         live = (tok >= 0) & (e >= 0)
@@ -271,14 +246,9 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
 def _combine_kernel(part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
                     route_row: cute.Tensor, weights: cute.Tensor, out: cute.Tensor,
                     cfg: cutlass.Constexpr):
-    tid, _, _ = cute.arch.thread_idx()
-    bx, _, _ = cute.arch.block_idx()
-    lane = tid % 32
-    task = bx * WARPS + tid // 32
+    lane, task = warp_task(WARPS)
     if task < cfg.blocks:
-        nb = cfg.width // 128
-        t = task // nb
-        col = (task % nb) * 128 + 4 * lane
+        t, col = block_row_col(task, cfg.width, lane)
         acc = [Float32(0.0)] * 4
         for j in cutlass.range_constexpr(cfg.top_k):
             r = Int32(route_row[t * cfg.top_k + j])
@@ -554,41 +524,24 @@ def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int
         *args)
 
 
-def _check(cases) -> int:
-    import json
-    import time
+def _moe_case(case) -> dict:
+    codebook, K, tokens, plan, E, H, I, top_k = case[:8]
+    scaled, inter_valid = (list(case[8:10]) + [False, None])[:2] if len(case) > 8 else (
+        False, None)
+    return dict(codebook=codebook, K=K, tokens=tokens, plan=plan, E=E, H=H, I=I, top_k=top_k,
+                scaled=scaled, inter_valid=inter_valid)
 
-    from .aot import CUSTOM_CALL_PREFIX, configured_arch, cubin_sms
-    for case in cases:
-        codebook, K, tokens, plan, E, H, I, top_k = case[:8]
-        scaled, inter_valid = (list(case[8:10]) + [False, None])[:2] if len(case) > 8 else (
-            False, None)
-        t0 = time.perf_counter()
-        row = dict(arch=configured_arch(), codebook=codebook, K=K, tokens=tokens, plan=plan, E=E,
-                   H=H, I=I, top_k=top_k, scaled=scaled, inter_valid=inter_valid)
-        try:
-            exp = export_moe(E, H, I, K, codebook, tokens, top_k, plan, scaled, inter_valid)
-            text = exp.mlir_module()
-            row.update(ok=True, calls=text.count(CUSTOM_CALL_PREFIX),
-                       sms=sorted(cubin_sms(exp.mlir_module_serialized)),
-                       bytes=len(exp.serialize()))
-        except Exception as e:   # noqa: BLE001 -- reported to the test
-            row.update(ok=False, error=f"{type(e).__name__}: {e}"[:3000])
-        row["seconds"] = round(time.perf_counter() - t0, 2)
-        print(json.dumps(row), flush=True)
-    return 0
+
+def _export_moe_case(c):
+    return export_moe(c["E"], c["H"], c["I"], c["K"], c["codebook"], c["tokens"], c["top_k"],
+                      c["plan"], c["scaled"], c["inter_valid"])
 
 
 if __name__ == "__main__":
-    import argparse
-    import json
     import sys
-    ap = argparse.ArgumentParser(description="compile-only export check of the grouped MoE")
-    ap.add_argument("--check", required=True,
-                    help="JSON list of [codebook, K, tokens, plan, E, H, I, top_k"
-                         "(, scaled, inter_valid)]")
-    a = ap.parse_args()
-    if not os.environ.get("CUTE_DSL_ARCH"):
-        print("set CUTE_DSL_ARCH (sm_90a or sm_120a)", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(_check(json.loads(a.check)))
+
+    from .aot import check_main
+    sys.exit(check_main(_moe_case, _export_moe_case,
+                        "compile-only export check of the grouped MoE",
+                        "JSON list of [codebook, K, tokens, plan, E, H, I, top_k"
+                        "(, scaled, inter_valid)]"))

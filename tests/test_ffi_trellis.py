@@ -14,16 +14,11 @@ The kernels' numerics are validated on the H200 by scripts/gpu_validate.py (benc
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers_cute import check_rows, last_line_of_script, needs_cutlass
 
 from exl3_jax.format.spec import width_from_rate
 from exl3_jax.ffi import trellis_gemm as tg
@@ -31,9 +26,6 @@ from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, emulate_lane_states,
                                            supported_rates)
 from exl3_jax.ops import plans
 from exl3_jax.trellis import Exl3Weight, decode_trellis, linear_reference, tile_perm, unpack_states
-
-HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl not installed")
 
 
 def random_weight(rng, k, n, K, codebook, bias=False):
@@ -224,24 +216,13 @@ def test_compile_cases_cover_the_plan_parameters():
     assert any(p.splits > 1 for p in dec)
     assert {c[1] for c in COMPILE_CASES} == {2, 2.5, 3, 3.5, 4, 5, 6, 7, 8}
     assert {c[0] for c in COMPILE_CASES} == {"3inst", "mcg", "mul1"}
-EXPECTED_SM = {"sm_90a": 90, "sm_120a": 120}
 
 
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch):
-    env = dict(os.environ, CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, "-m", "exl3_jax.ffi.aot", "--check", json.dumps(COMPILE_CASES)],
-        env=env, capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(rows) == len(COMPILE_CASES), proc.stderr[-3000:]
-    other = {v for k, v in EXPECTED_SM.items() if k != arch}
-    for row in rows:
-        assert row["ok"], row
+    for row in check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900):
         assert row["custom_call"] and row["calls"] == 3, row   # had_in, GEMM kernel, had_out
-        assert EXPECTED_SM[arch] in row["sms"] and not other & set(row["sms"]), row
 
 
 DISPATCH_EXPORT = """
@@ -269,11 +250,7 @@ print(aot.CUSTOM_CALL_PREFIX in exp.mlir_module(), back.out_avals[0].shape,
 def test_dispatch_lowers_for_cuda():
     # The jitted dispatch op (what Exl3Linear calls) exports for CUDA from this CPU machine, with
     # padding (200 -> 256 in) and trimming (128 -> 100 out), and survives serialization.
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", DISPATCH_EXPORT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[-2] == "True (2, 3, 100) [13, 90]", proc.stdout
+    assert last_line_of_script(DISPATCH_EXPORT) == "True (2, 3, 100) [13, 90]"
 
 
 def test_cubin_sm_parser():

@@ -7,13 +7,8 @@ only. The numerics are validated on the H200 by scripts/gpu_validate_moe.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-from test_ffi_trellis import EXPECTED_SM, needs_cutlass   # the dense kernels' compile test
+from helpers_cute import check_rows, last_line_of_script, needs_cutlass
 
 from exl3_jax.ops.moe_plans import moe_plan
 
@@ -46,18 +41,8 @@ def test_cases_cover_the_plan_parameters():
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_moe_kernels_compile_and_export(arch):
-    env = dict(os.environ, CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, "-m", "exl3_jax.ffi.trellis_moe", "--check", json.dumps(CASES)],
-        env=env, capture_output=True, text=True, timeout=600)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(rows) == len(CASES), proc.stderr[-3000:]
-    other = {v for k, v in EXPECTED_SM.items() if k != arch}
-    for row in rows:
-        assert row["ok"], row
+    for row in check_rows("exl3_jax.ffi.trellis_moe", CASES, arch):
         assert row["calls"] == 5, row      # rotate_in, FC1, activation, FC2, combine
-        assert EXPECTED_SM[arch] in row["sms"] and not other & set(row["sms"]), row
 
 
 DISPATCH_EXPORT = """
@@ -93,8 +78,4 @@ def test_tiered_dispatch_lowers_for_cuda():
     # The ops-level dispatch (two K tiers, narrower input 200 -> 256) exports for CUDA and
     # survives serialization: the module holds each distinct CuTe kernel once: the 3 glue
     # kernels shared by the tiers + FC1 and FC2 of the K3 mcg and the K4 mul1 tier.
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", DISPATCH_EXPORT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[-2] == "7 (5, 256)", proc.stdout
+    assert last_line_of_script(DISPATCH_EXPORT) == "7 (5, 256)"

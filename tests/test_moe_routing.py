@@ -7,7 +7,6 @@ scripts/gpu_validate_moe.py."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +18,9 @@ from exl3_jax.ops.moe_plans import moe_plan
 from exl3_jax.ops.moe_routing import (BLOCK_M_CHOICES, combine_routes, max_blocks, pack_routes,
                                       pack_routes_numpy, pack_routes_per_route, select_block_m)
 from exl3_jax.trellis import Exl3Weight, decode_trellis, hadamard128
+from helpers_cute import needs_cutlass
 
 moe_ops = importlib.import_module("exl3_jax.ops.moe")   # the package re-exports the function moe
-HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl not installed")
 
 
 def random_stack(rng, lead, k, n, K, codebook="mcg", bias=False, scale=1 / 64):

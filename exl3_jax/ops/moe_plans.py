@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 
 from .moe_routing import max_blocks, select_block_m
-from .plans import DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS   # the dense GEMM's plan vocabulary
+from .plans import (DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS,   # the dense GEMM's plan vocabulary
+                    plan_kind)
 
 DEFAULT_CAPACITY = 4096
 PACKINGS = ("sorted", "per_route")
@@ -79,9 +80,7 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
         raise ValueError(f"bad MoE call: tokens={tokens}, top_k={top_k}, experts={experts}")
     if hidden % 128 or inter % 128:
         raise ValueError(f"hidden {hidden} and intermediate {inter} must be multiples of 128")
-    kind = kind or ("decode" if tokens <= DECODE_MAX_M else "prefill")
-    if kind not in PLAN_KINDS:
-        raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+    kind = plan_kind(tokens, kind)
     routes = tokens * top_k
     bm = block_m or select_block_m(routes, experts)
     if kind == "decode":

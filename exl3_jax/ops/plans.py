@@ -84,6 +84,15 @@ def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPl
     return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
 
 
+def plan_kind(m: int, force: str | None = None) -> str:
+    """``force`` if given (checked against PLAN_KINDS), else "decode" for m <= DECODE_MAX_M rows
+    and "prefill" above; shared by the dense and the MoE plans."""
+    kind = force or ("decode" if m <= DECODE_MAX_M else "prefill")
+    if kind not in PLAN_KINDS:
+        raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+    return kind
+
+
 def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
                 force: str | None = None) -> TrellisPlan:
     """The plan for an [m, k] @ [k, n] Trellis GEMM. ``force`` picks a kind ("decode" only
@@ -92,9 +101,7 @@ def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         raise ValueError(f"m must be >= 1, got {m}")
     if k % 128 or n % 128:
         raise ValueError(f"k={k}, n={n} must be multiples of 128")
-    kind = force or ("decode" if m <= DECODE_MAX_M else "prefill")
-    if kind not in PLAN_KINDS:
-        raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+    kind = plan_kind(m, force)
     if kind == "decode":
         return decode_plan(m, k, n, sms=sms)
     return prefill_plan(m, k, n, sms=sms)
