@@ -46,7 +46,12 @@ def random_routing(rng, T, top_k, E, invalid=0.0):
 
 
 def rel_err(a, b):
-    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+    """||a - b|| / ||b||; when b is all zero (e.g. every route of a token invalid), 0 only if a is
+    exactly zero too, else inf."""
+    nb = float(jnp.linalg.norm(b))
+    if nb == 0.0:
+        return 0.0 if float(jnp.linalg.norm(a)) == 0.0 else float("inf")
+    return float(jnp.linalg.norm(a - b)) / nb
 
 
 # --- route packing ---------------------------------------------------------------------------
