@@ -26,26 +26,18 @@ import numpy as np
 from exl3_jax.generate import perplexity
 from exl3_jax.models import load_model
 from exl3_jax.quant import default_model as dm
-from exl3_jax.quant.calibrate import load_calibration
-from exl3_jax.quant.convert import convert_hf
 from exl3_jax.tokenizer import Tokenizer
 
 TEXT = dm.DATA_DIR / "kjv_eval.txt"
 
 
 def build_variant(bits: float, root: Path) -> tuple[Path, float | None]:
-    """The default recipe at another bit rate: (directory, build seconds or None if cached)."""
-    out = root / dm.MODEL_DIR.replace(f"-{dm.BITS}bpw-", f"-{bits:g}bpw-")
-    if out.exists() and dm.check_manifest(out) is None:
-        return out, None
+    """The default recipe at ``bits``: (directory, build seconds or None if it was cached)."""
+    out = root / dm.model_dir_name(bits)
+    cached = out.exists() and dm.check_manifest(out) is None
     t0 = time.perf_counter()
-    source = dm.source_model(root)
-    text = (dm.DATA_DIR / "calibration.txt").read_text(encoding="utf-8")
-    calibration = load_calibration(source, text, seq_len=dm.CALIBRATION_SEQ_LEN)
-    convert_hf(source, out, bits=bits, head_bits=dm.HEAD_BITS, codebook=dm.CODEBOOK,
-               mode=dm.MODE, hessians=calibration, overwrite=True)
-    dm.write_manifest(out)
-    return out, time.perf_counter() - t0
+    out = dm.ensure_default_model(root, bits=bits)
+    return out, None if cached else time.perf_counter() - t0
 
 
 def model_ppl(directory: Path, ids, ctx: int, dtype: str) -> dict:
@@ -66,17 +58,11 @@ def main() -> int:
 
     load_start = os.getloadavg()
     root = dm.cache_root()
-    t0 = time.perf_counter()
-    was_built = (root / dm.MODEL_DIR).exists() and dm.check_manifest(root / dm.MODEL_DIR) is None
-    default = dm.ensure_default_model(root)
-    default_build = None if was_built else round(time.perf_counter() - t0, 1)
     source = dm.source_model(root)
     ids = Tokenizer.from_dir(source).encode(TEXT.read_text(encoding="utf-8"))
 
     rows = {"unquantized": model_ppl(source, ids, a.ctx, a.dtype)}
-    rows[f"{dm.BITS:g}bpw"] = model_ppl(default, ids, a.ctx, a.dtype)
-    rows[f"{dm.BITS:g}bpw"]["build_seconds"] = default_build
-    for bits in a.bits:
+    for bits in [dm.BITS, *a.bits]:
         directory, seconds = build_variant(bits, root)
         rows[f"{bits:g}bpw"] = model_ppl(directory, ids, a.ctx, a.dtype)
         rows[f"{bits:g}bpw"]["build_seconds"] = None if seconds is None else round(seconds, 1)

@@ -39,6 +39,11 @@ CODEBOOK = "mcg"
 MODE = "fast"
 CALIBRATION_SEQ_LEN = 256
 MODEL_DIR = f"SmolLM2-135M-Instruct-exl3-{BITS}bpw-h{HEAD_BITS}-{CODEBOOK}-{MODE}"
+
+
+def model_dir_name(bits: float = BITS) -> str:
+    """Cache directory name of the default recipe at ``bits`` per body weight."""
+    return MODEL_DIR.replace(f"-{BITS}bpw-", f"-{bits:g}bpw-")
 SOURCE_DIR = "SmolLM2-135M-Instruct-hf"
 
 
@@ -137,7 +142,7 @@ def source_model(root: Path | None = None, *, log: Callable[[str], None] = print
     return out
 
 
-def ensure_default_model(root: Path | None = None, *, progress=None,
+def ensure_default_model(root: Path | None = None, *, bits: float = BITS, progress=None,
                          log: Callable[[str], None] = print, keep_source: bool = True) -> Path:
     """The default EXL3 model directory, built on first use and rebuilt when partial or corrupt.
 
@@ -146,13 +151,14 @@ def ensure_default_model(root: Path | None = None, *, progress=None,
     with ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE above; the encoder mode is recorded in
     quantization_config.json). The manifest is written last. ``progress`` is a
     ``convert.Progress`` (e.g. ``RichProgress()``); ``keep_source=False`` removes the 0.5 GB
-    unquantized import afterwards.
+    unquantized import afterwards. ``bits`` builds the same recipe at another body bit rate (for
+    quality comparisons), cached under its own directory name.
     """
     from .calibrate import load_calibration
     from .convert import convert_hf
 
     root = cache_root() if root is None else root
-    out = root / MODEL_DIR
+    out = root / model_dir_name(bits)
     problem = check_manifest(out) if out.exists() else "not built yet"
     if problem is None:
         return out
@@ -160,7 +166,7 @@ def ensure_default_model(root: Path | None = None, *, progress=None,
     source = source_model(root, log=log)
     text = (DATA_DIR / "calibration.txt").read_text(encoding="utf-8")
     calibration = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
-    convert_hf(source, out, bits=BITS, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=MODE,
+    convert_hf(source, out, bits=bits, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=MODE,
                hessians=calibration, progress=progress, overwrite=True)
     write_manifest(out)
     if not keep_source:
