@@ -68,6 +68,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from .format.spec import HADAMARD_BLOCK, TILE
 from .nn import (Exl3Experts, Exl3Linear, KVCache, MoEBlock, exl3_forward, fp16_operand,
                  init_cache)
+from .nn.moe import TieredExl3Experts
 from .ops import moe, moe_experts, moe_tiered, pad_input, stack_w13, trellis_matmul
 from .ops.moe import can_stack_w13
 from .trellis import Exl3Weight
@@ -881,7 +882,7 @@ def shard_model(model, mesh: Mesh, *, moe_mode: str = "experts",
 
     Every linear must be an EXL3 linear (dequantized caches are ignored). Raises
     ``ShardingError`` (naming the layer) when a weight cannot be split over ``mesh``, or
-    ``NotImplementedError`` for a plain linear / plain experts.
+    ``NotImplementedError`` for a plain linear / plain experts / mixed-K (tiered) experts.
 
     Returns ``(sharded, state)``: ``sharded(state, tokens, cache, valid)`` as ``ShardedModel``
     describes, ``state`` the weights placed on the mesh (done once, here). Generation:
@@ -889,6 +890,12 @@ def shard_model(model, mesh: Mesh, *, moe_mode: str = "experts",
     """
     if moe_mode not in ("experts", "tensor"):
         raise ValueError(f"unknown MoE parallel mode {moe_mode!r}; use 'experts' or 'tensor'")
+    for i, layer in enumerate(model.layers):     # before any weight is placed
+        experts = getattr(layer.mlp, "experts", None)
+        if isinstance(experts, TieredExl3Experts):
+            raise NotImplementedError(
+                f"model.layers.{i}.mlp: mixed-K experts ({len(experts.tiers)} (K, codebook) "
+                f"tiers) are not yet supported under a mesh; run this model on one device")
     tp = mesh.shape[axis]
     local = nnx.clone(model)                 # same arrays; its linears are replaced below
     for i, layer in enumerate(local.layers):

@@ -11,8 +11,9 @@ ARCHITECTURES = {m.ARCHITECTURE: m.parse_config
 
 from .config import (ConfigFieldError, ModelConfig, MoeConfig,  # noqa: E402
                      UnsupportedArchitectureError)
-from .decoder import CausalLM, DecoderLayer, load_model  # noqa: E402
+from .decoder import CausalLM, DecoderLayer, build_model, load_model  # noqa: E402
 from .weights import WeightSource  # noqa: E402
 
 __all__ = ["ARCHITECTURES", "CausalLM", "ConfigFieldError", "DecoderLayer", "ModelConfig",
-           "MoeConfig", "UnsupportedArchitectureError", "WeightSource", "load_model"]
+           "MoeConfig", "UnsupportedArchitectureError", "WeightSource", "build_model",
+           "load_model"]

@@ -1,4 +1,5 @@
-"""The decoder-only causal LM shared by all supported architectures, and ``load_model``.
+"""The decoder-only causal LM shared by all supported architectures, ``load_model`` (from a
+directory) and ``build_model`` (from any weight source, e.g. one generated in memory).
 
 Layer: x += attn(norm(x)); x += mlp(norm(x)), where mlp is a SwiGLU ``GatedMLP`` or a ``MoEBlock``.
 Architecture differences (q/k norm, biases, partial rotary, router kind, shared experts, dense
@@ -14,10 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from exl3_jax.format import MissingTensorError
-from exl3_jax.trellis import Exl3Weight
-from exl3_jax.nn import (Attention, Embedding, Exl3Experts, Exl3Linear, GatedMLP, KVCache,
-                         MoEBlock, PlainExperts, RMSNorm, advance, exl3_forward, init_cache,
-                         resolve_dtype)
+from exl3_jax.nn import (Attention, Embedding, Exl3Experts, Exl3Linear, GatedMLP, KVCache, MoEBlock,
+                         RMSNorm,
+                         advance, exl3_forward, init_cache, resolve_dtype, routed_experts)
 
 from .config import ModelConfig
 from .weights import WeightSource
@@ -115,7 +115,7 @@ def _moe(src: WeightSource, c: ModelConfig, layer: int) -> MoEBlock:
     keys = lambda n: [f"{prefix}.experts.{e}.{n}" for e in range(E)]  # noqa: E731
     stacks = (src.expert_stack(keys(g), H, I), src.expert_stack(keys(u), H, I),
               src.expert_stack(keys(d), I, H))
-    experts = Exl3Experts(*stacks) if isinstance(stacks[0], Exl3Weight) else PlainExperts(*stacks)
+    experts = routed_experts(*stacks)     # Exl3Experts, TieredExl3Experts (mixed K) or plain
     router = src.linear(f"{prefix}.gate", H, E)
     if isinstance(router, Exl3Linear):
         raise MissingTensorError("the MoE router must be a plain tensor", file=src.directory,
@@ -168,6 +168,27 @@ def _head(src: WeightSource, c: ModelConfig):
     return None
 
 
+def build_model(src: WeightSource, *, dtype="bfloat16",
+                cache_dequantized: bool = False) -> CausalLM:
+    """Build a CausalLM from a weight source (the body of ``load_model``).
+
+    Args:
+      src: a ``WeightSource``, or any object with its attributes (``config`` dict,
+        ``config_path``, ``directory``, ``quantized``) and methods (``tensor``, ``linear``,
+        ``expert_stack``, ``has``, ``is_exl3``): e.g. weights generated in memory.
+      dtype: activation dtype, "bfloat16" (default) or "float32".
+      cache_dequantized: decode every EXL3 weight once at build (faster on CPU, more memory).
+    """
+    c = ModelConfig.from_hf(src.config, src.config_path)
+    embed = Embedding(src.tensor("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)))
+    layers = [_layer(src, c, i) for i in range(c.num_layers)]
+    model = CausalLM(c, embed, layers, _norm(src, "model.norm.weight", c.hidden_size,
+                                             c.rms_norm_eps), _head(src, c), dtype=dtype)
+    if cache_dequantized:
+        model.cache_dequantized()
+    return model
+
+
 def load_model(directory: str | Path, *, dtype="bfloat16",
                cache_dequantized: bool = False) -> CausalLM:
     """Build a CausalLM from an EXL3 directory or an unquantized HF-layout safetensors directory.
@@ -177,12 +198,5 @@ def load_model(directory: str | Path, *, dtype="bfloat16",
       dtype: activation dtype, "bfloat16" (default) or "float32".
       cache_dequantized: decode every EXL3 weight once at load (faster on CPU, more memory).
     """
-    src = WeightSource(directory)
-    c = ModelConfig.from_hf(src.config, src.config_path)
-    embed = Embedding(src.tensor("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)))
-    layers = [_layer(src, c, i) for i in range(c.num_layers)]
-    model = CausalLM(c, embed, layers, _norm(src, "model.norm.weight", c.hidden_size,
-                                             c.rms_norm_eps), _head(src, c), dtype=dtype)
-    if cache_dequantized:
-        model.cache_dequantized()
-    return model
+    return build_model(WeightSource(directory), dtype=dtype,
+                       cache_dequantized=cache_dequantized)

@@ -14,6 +14,7 @@ import numpy as np
 from exl3_jax.format import (Exl3Checkpoint, Exl3FormatError, MissingTensorError, TensorShapeError,
                              TensorStore, read_json)
 from exl3_jax.nn import Exl3Linear, Linear
+from exl3_jax.ops.moe import stack_experts, stack_layout
 from exl3_jax.trellis import Exl3Weight
 
 PAD = 128
@@ -96,9 +97,13 @@ class WeightSource:
         return Linear(jnp.asarray(w, dtype).T, None if b is None else jnp.asarray(b, dtype))
 
     def expert_stack(self, keys: list[str], in_features: int, out_features: int):
-        """Experts ``keys`` as one stacked Exl3Weight [E] (EXL3) or float32 [E, in, out] (plain).
+        """Experts ``keys`` of one projection (``nn.routed_experts`` builds the layer from the
+        three projections).
 
-        All experts of a stack must share K, codebook and shape (spec 5.1)."""
+        Returns a stacked Exl3Weight [E] when all experts share K, codebook and bias presence
+        (spec 5.1; the single-tier layout), else the E single Exl3Weights in order (mixed-K
+        layers, grouped into (K, codebook) tiers by ``ops.expert_tiers``); float32 [E, in, out]
+        for plain experts."""
         for key in keys:
             if not self.is_exl3(key) and f"{key}.weight" not in self.store:
                 raise MissingTensorError(
@@ -106,20 +111,9 @@ class WeightSource:
                     tensor=f"{key}.trellis" if self.quantized else f"{key}.weight")
         if all(self.is_exl3(k) for k in keys):
             ws = [self.exl3_weight(k, in_features, out_features) for k in keys]
-            first = ws[0]
-            for key, w in zip(keys, ws):
-                if (w.K, w.codebook, w.trellis.shape, w.bias is None) != \
-                        (first.K, first.codebook, first.trellis.shape, first.bias is None):
-                    raise Exl3FormatError(
-                        f"expert stack mixes K/codebook/shape: {keys[0]} has K={first.K} "
-                        f"{first.codebook}, this one K={w.K} {w.codebook}; exl3-jax needs one "
-                        f"K and codebook per projection stack", file=self.directory,
-                        tensor=f"{key}.trellis")
-            stack = lambda name: (None if getattr(first, name) is None  # noqa: E731
-                                  else jnp.stack([getattr(w, name) for w in ws]))
-            return Exl3Weight(trellis=stack("trellis"), suh=stack("suh"), svh=stack("svh"),
-                              bias=stack("bias"), codebook=first.codebook, K=first.K,
-                              in_features=in_features, out_features=out_features)
+            if len({stack_layout(w) for w in ws}) == 1:
+                return stack_experts(ws)
+            return tuple(ws)
         mats = []
         for key in keys:
             if self.is_exl3(key):

@@ -1,13 +1,15 @@
 """Perplexity of the built-in default model (EXL3) and of its unquantized source, on the shipped
 public-domain text (exl3_jax/data/kjv_eval.txt), plus optional extra bit rates.
 
-Usage: python scripts/eval_default_quality.py [--bits 3 ...] [--ctx 512] [--dtype float32]
+Usage: python scripts/eval_default_quality.py [--variant BITS[:MODE[:CALIBRATION]] ...]
+                                              [--ctx 512] [--dtype float32]
                                               [--out bench/results/quality_default_model.json]
 
-The default model is built on first use (``ensure_default_model``); every ``--bits B`` builds
-(once, cached next to it) the same recipe at B bits per weight, timing the build. Writes one JSON
-document: date, versions, machine, load average, build seconds, perplexities and their ratio to the
-unquantized model, and the issue's target (4.0 bpw within +10%).
+The default model is built on first use (``ensure_default_model``); every ``--variant`` builds
+(once, cached next to it) the recipe with another bit rate, encoder mode ("exact"/"fast") or
+calibration set ("hand"/"self"), timing the build. Writes one JSON document: date, versions,
+machine, load average, build seconds, perplexities and their ratio to the unquantized model, and
+the issue's target (the default 4.0 bpw recipe within +10%).
 """
 
 from __future__ import annotations
@@ -31,12 +33,26 @@ from exl3_jax.tokenizer import Tokenizer
 TEXT = dm.DATA_DIR / "kjv_eval.txt"
 
 
-def build_variant(bits: float, root: Path) -> tuple[Path, float | None]:
-    """The default recipe at ``bits``: (directory, build seconds or None if it was cached)."""
-    out = root / dm.model_dir_name(bits)
+def parse_variant(text: str) -> tuple[float, str, str]:
+    """'3', '4:exact' or '4:fast:hand' -> (bits, mode, calibration), defaults from the recipe."""
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3:
+        raise argparse.ArgumentTypeError(f"bad variant {text!r}; use BITS[:MODE[:CALIBRATION]]")
+    bits = float(parts[0])
+    mode = parts[1] if len(parts) > 1 else dm.MODE
+    calibration = parts[2] if len(parts) > 2 else dm.CALIBRATION
+    if calibration not in dm.CALIBRATION_SETS:
+        raise argparse.ArgumentTypeError(f"unknown calibration set {calibration!r}")
+    return bits, mode, calibration
+
+
+def build_variant(variant: tuple[float, str, str], root: Path) -> tuple[Path, float | None]:
+    """A recipe variant: (directory, build seconds or None if it was cached)."""
+    bits, mode, calibration = variant
+    out = root / dm.model_dir_name(bits, mode, calibration)
     cached = out.exists() and dm.check_manifest(out) is None
     t0 = time.perf_counter()
-    out = dm.ensure_default_model(root, bits=bits)
+    out = dm.ensure_default_model(root, bits=bits, mode=mode, calibration=calibration)
     return out, None if cached else time.perf_counter() - t0
 
 
@@ -50,7 +66,8 @@ def model_ppl(directory: Path, ids, ctx: int, dtype: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bits", type=float, nargs="*", default=[], help="extra bit rates to build")
+    ap.add_argument("--variant", type=parse_variant, action="append", default=[],
+                    help="extra recipe variant BITS[:MODE[:CALIBRATION]], e.g. 3 or 4:exact:hand")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default="bench/results/quality_default_model.json")
@@ -61,36 +78,46 @@ def main() -> int:
     source = dm.source_model(root)
     ids = Tokenizer.from_dir(source).encode(TEXT.read_text(encoding="utf-8"))
 
+    default = (float(dm.BITS), dm.MODE, dm.CALIBRATION)
     rows = {"unquantized": model_ppl(source, ids, a.ctx, a.dtype)}
-    for bits in [dm.BITS, *a.bits]:
-        directory, seconds = build_variant(bits, root)
-        rows[f"{bits:g}bpw"] = model_ppl(directory, ids, a.ctx, a.dtype)
-        rows[f"{bits:g}bpw"]["build_seconds"] = None if seconds is None else round(seconds, 1)
-    base = rows["unquantized"]["ppl"]
-    for row in rows.values():
-        row["ratio_to_unquantized"] = round(row["ppl"] / base, 4)
-    for name, row in rows.items():
-        print(f"{name:>12}: ppl {row['ppl']:.4f} (x{row['ratio_to_unquantized']:.4f})", flush=True)
+    out_path = Path(a.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    for variant in dict.fromkeys([default, *a.variant]):     # in order, without repeats
+        name = dm.model_dir_name(*variant).removeprefix("SmolLM2-135M-Instruct-exl3-")
+        directory, seconds = build_variant(variant, root)
+        rows[name] = model_ppl(directory, ids, a.ctx, a.dtype)
+        rows[name]["build_seconds"] = None if seconds is None else round(seconds, 1)
+        rows[name]["ratio_to_unquantized"] = round(rows[name]["ppl"] / rows["unquantized"]["ppl"],
+                                                   4)
+        print(f"{name:>32}: ppl {rows[name]['ppl']:.4f} (x{rows[name]['ratio_to_unquantized']:.4f})"
+              f", build {rows[name]['build_seconds']} s", flush=True)
+        # rewritten after every variant, so a run cut short keeps what it measured
+        out_path.write_text(json.dumps(document(a, ids, rows, load_start), indent=2) + "\n")
+    print(f"wrote {a.out}")
+    return 0
 
-    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+
+def document(a, ids, rows: dict, load_start) -> dict:
+    rows["unquantized"]["ratio_to_unquantized"] = 1.0
+    default = rows.get(dm.model_dir_name().removeprefix("SmolLM2-135M-Instruct-exl3-"))
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
            "command": "python scripts/eval_default_quality.py " + " ".join(
-               [f"--bits {b:g}" for b in a.bits] + [f"--ctx {a.ctx}", f"--dtype {a.dtype}"]),
+               [f"--variant {b:g}:{m}:{c}" for b, m, c in a.variant]
+               + [f"--ctx {a.ctx}", f"--dtype {a.dtype}"]),
            "text": TEXT.name, "text_tokens": len(ids), "ctx": a.ctx, "dtype": a.dtype,
            "recipe": {"bits": dm.BITS, "head_bits": dm.HEAD_BITS, "codebook": dm.CODEBOOK,
-                      "mode": dm.MODE, "calibration": "exl3_jax/data/calibration.txt",
+                      "mode": dm.MODE, "calibration": dm.CALIBRATION,
+                      "calibration_files": {k: list(v) for k, v in dm.CALIBRATION_SETS.items()},
                       "calibration_seq_len": dm.CALIBRATION_SEQ_LEN},
            "target": "4.0 bpw perplexity within +10% of the unquantized model",
-           "target_met": rows[f"{dm.BITS:g}bpw"]["ratio_to_unquantized"] <= 1.10,
-           "backend": jax.default_backend(), "cpus": os.cpu_count(),
+           "target_met": None if default is None else default["ratio_to_unquantized"] <= 1.10,
+           "backend": jax.default_backend(),
+           "device": str(jax.devices()[0].device_kind), "cpus": os.cpu_count(),
            "machine": platform.machine(), "python": platform.python_version(),
            "jax": jax.__version__, "numpy": np.__version__,
            "loadavg_start": [round(x, 2) for x in load_start],
            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
            "results": rows}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {a.out}")
-    return 0
 
 
 if __name__ == "__main__":

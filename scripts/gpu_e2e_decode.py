@@ -6,7 +6,7 @@
 
 Models (random int16 trellis drawn on the device with jax.random, suh ~ N(0,1)/sqrt(in),
 svh ~ N(0, 0.5^2) (0 on padded outputs), norms 1, N(0,1) fp16 embeddings; body K=4, lm_head K=6;
-built through exl3_jax.models' own layer builders from an in-memory weight source, no checkpoint):
+built by exl3_jax.models.decoder.build_model from an in-memory weight source, no checkpoint):
   moe    Qwen3-30B-A3B geometry: 48 layers, hidden 2048, 32 q / 4 kv heads x 128, 128 experts of
          intermediate 768, top-8 (renormalised softmax router), q/k norm, vocab 151936.
   dense  Llama-3-8B geometry: 32 layers, hidden 4096, FFN 14336, 32 / 8 heads x 128, vocab 128256.
@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import functools
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -51,6 +49,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _gpu_bench_common import (cute_compile_timer, cute_kernels_compiled, run_metadata,
+                               timed_generate, versions, write_json)
 
 T_START = time.time()
 
@@ -165,19 +165,13 @@ class RandomWeightSource:
         return self.exl3_weight(keys[0], in_features, out_features, lead=(len(keys),))
 
 
-def build_model(config: dict, *, K: int, head_K: int, codebook: str, seed: int,
-                dtype: str = "bfloat16"):
-    """A CausalLM of ``config`` with random EXL3 weights, built by models.decoder's builders
-    (the body of load_model, with the random source in place of a directory)."""
-    from exl3_jax.models import CausalLM, ModelConfig
-    from exl3_jax.models.decoder import _head, _layer, _norm
-    from exl3_jax.nn import Embedding
+def random_model(config: dict, *, K: int, head_K: int, codebook: str, seed: int,
+                 dtype: str = "bfloat16"):
+    """A CausalLM of ``config`` with random EXL3 weights: models.decoder.build_model (the body of
+    load_model) on the random source in place of a directory."""
+    from exl3_jax.models import build_model
     src = RandomWeightSource(config, K=K, head_K=head_K, codebook=codebook, seed=seed)
-    c = ModelConfig.from_hf(config)
-    embed = Embedding(src.tensor("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)))
-    layers = [_layer(src, c, i) for i in range(c.num_layers)]
-    return CausalLM(c, embed, layers, _norm(src, "model.norm.weight", c.hidden_size,
-                                            c.rms_norm_eps), _head(src, c), dtype=dtype)
+    return build_model(src, dtype=dtype)
 
 
 def exl3_bytes(model) -> int:
@@ -277,43 +271,7 @@ class BackendCounters:
                 print(f"fused MoE kernels not importable: {type(e).__name__}: {e}", flush=True)
 
 
-class CuteTimer:
-    """Seconds inside cutlass.jax's kernel compile entry point (cache hits included)."""
-
-    def __init__(self):
-        self.seconds = 0.0
-        self.ok = False
-        try:
-            import cutlass.jax.primitive as cjp
-        except Exception:
-            return
-        inner = cjp.get_or_compile_kernel
-
-        def timed(*args, **kw):
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kw)
-            finally:
-                self.seconds += time.perf_counter() - t0
-        cjp.get_or_compile_kernel = timed
-        self.ok = True
-
-    def kernels(self) -> int | None:
-        try:
-            import cutlass.jax.compile as cjc
-            return len(cjc._CUTLASS_COMPILE_CACHE)
-        except Exception:
-            return None
-
-
 # -- measurement ----------------------------------------------------------------------------------
-
-def timed_generate(gen, prompts, new: int) -> tuple[float, list]:
-    """Seconds of one Generator.generate (results fetched to the host = synchronised)."""
-    t0 = time.perf_counter()
-    out = gen.generate(prompts, max_new_tokens=new, stop_tokens=[])
-    return time.perf_counter() - t0, out.tokens
-
 
 def measure_case(gen, cfg: dict, batch: int, prompt: int, new: int, repeats: int,
                  rng) -> dict:
@@ -356,24 +314,6 @@ def measure_case(gen, cfg: dict, batch: int, prompt: int, new: int, repeats: int
     row["prefill_tokens"] = batch * prompt
     row["prefill_tokens_per_s"] = round(batch * prompt / prefill, 1) if prefill > 0 else None
     return row
-
-
-def versions() -> dict:
-    from importlib import metadata
-    out = {"python": sys.version.split()[0], "jax": jax.__version__,
-           "platform": platform.platform()}
-    for dist in ("jaxlib", "nvidia-cutlass-dsl", "flax"):
-        try:
-            out[dist] = metadata.version(dist)
-        except Exception:
-            out[dist] = None
-    if out["nvidia-cutlass-dsl"] is None:
-        try:
-            import cutlass
-            out["nvidia-cutlass-dsl"] = getattr(cutlass, "__version__", "imported, no version")
-        except Exception:
-            pass
-    return out
 
 
 def parse_cases(text: str) -> list[tuple[str, int, int]]:
@@ -426,14 +366,12 @@ def main(argv=None) -> int:
     gpu = backend == "gpu"
     counters = BackendCounters()
     counters.install(gpu)
-    cute = CuteTimer() if gpu else None
+    cute = cute_compile_timer() if gpu else None
     dev = jax.devices()[0]
     result = {
         "benchmark": "exl3_jax.generate end-to-end decode/prefill throughput, synthetic "
                      "random-trellis EXL3 models built in memory",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python scripts/gpu_e2e_decode.py " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+        **run_metadata(__file__, argv),
         "device": getattr(dev, "device_kind", str(dev)), "jax_backend": jax.default_backend(),
         "versions": versions(), "linear_backend_auto": backend,
         "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("EXL3_JAX_")},
@@ -449,26 +387,22 @@ def main(argv=None) -> int:
         "models": {}, "cases": []}
     lock = threading.Lock()
 
-    def write_json():
+    def write_result():
         with lock:
             result["seconds"] = round(time.time() - T_START, 1)
-            path = Path(a.out)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(result, indent=1) + "\n")
-            os.replace(tmp, path)
+            write_json(a.out, result)
 
     def watchdog():
         result["watchdog"] = f"hard limit {a.hard_limit_s} s reached; process exited"
         print(f"watchdog: {a.hard_limit_s} s reached, writing {a.out} and exiting", flush=True)
         try:
-            write_json()
+            write_result()
         finally:
             os._exit(3)
     timer = threading.Timer(max(1.0, a.hard_limit_s - (time.time() - T_START)), watchdog)
     timer.daemon = True
     timer.start()
-    write_json()
+    write_result()
 
     models: dict[str, tuple] = {}
     rng = np.random.default_rng(a.seed)
@@ -487,15 +421,15 @@ def main(argv=None) -> int:
                               f"{a.budget_s:.0f} s"
             print(f"{case['case']}: {case['skipped']}", flush=True)
             result["cases"].append(case)
-            write_json()
+            write_result()
             continue
         t_case = time.time()
         result["in_progress"] = case["case"]      # named in the JSON if the watchdog fires
         try:
             if name not in models:
                 t0 = time.time()
-                model = build_model(cfg, K=a.K, head_K=a.head_K, codebook=a.codebook,
-                                    seed=a.seed + len(models))
+                model = random_model(cfg, K=a.K, head_K=a.head_K, codebook=a.codebook,
+                                     seed=a.seed + len(models))
                 jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
                 info = {"geometry": {k: cfg[k] for k in GEOMETRY_KEYS if k in cfg},
                         "architecture": cfg["architectures"][0],
@@ -506,7 +440,7 @@ def main(argv=None) -> int:
                 print(f"{name}: built in {info['build_s']} s, {info['exl3_gbytes']} GB of EXL3 "
                       f"tensors, MoE backend {info['moe_backend_auto']}", flush=True)
                 models[name] = (model, {})
-                write_json()
+                write_result()
             model, gens = models[name]
             min_bucket = bucket(a.new)
             if min_bucket not in gens:
@@ -517,9 +451,9 @@ def main(argv=None) -> int:
             row = measure_case(gen, cfg, batch, prompt, a.new, a.repeats, rng)
             case.update(row)
             case["op_calls_traced"] = counters.snapshot()
-            if cute is not None and cute.ok:
+            if cute is not None:
                 case["cute_compile_s"] = round(cute.seconds - cute_s0, 3)
-                case["cute_kernels_total"] = cute.kernels()
+                case["cute_kernels_total"] = cute_kernels_compiled()
             traced = case["op_calls_traced"]
             case["dense_linears_backend"] = (
                 "gpu" if traced.get("linear_gpu") and not traced.get("linear_reference")
@@ -542,12 +476,12 @@ def main(argv=None) -> int:
         case["wall_s"] = round(time.time() - t_case, 2)
         last = (name, case["wall_s"])
         result["cases"].append(case)
-        write_json()
+        write_result()
         print(json.dumps({k: v for k, v in case.items()
                           if k not in ("traceback", "op_calls_traced")}), flush=True)
     timer.cancel()
     result.pop("in_progress", None)
-    write_json()
+    write_result()
 
     print(f"\n{result['device']}  jax {result['versions']['jax']}  cutlass-dsl "
           f"{result['versions']['nvidia-cutlass-dsl']}  linears: {backend}  "

@@ -47,6 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _gpu_bench_common import (CallTimer, cute_compile_timer, cute_kernels_compiled,
+                               run_metadata, timed_generate, write_json)
+
 LLAMA_2048 = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=32000,
                   hidden_size=2048, intermediate_size=8192, num_hidden_layers=8,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=64,
@@ -123,29 +126,13 @@ def run_child(a) -> dict:
     row["load_s"] = round(t_loaded - t_import, 3)
     # Inside the TTFT window, as in any process: the jit case imports the CuTe compiler, the
     # aot case loads libcute_dsl_runtime.so and the manifest (both via resolve_backend).
-    cute = {"s": 0.0}
-    if a.child == "jit":     # measurement only: time cutlass.jax's kernel compile entry point
-        import cutlass.jax.compile as cjc
-        import cutlass.jax.primitive as cjp
-        inner = cjp.get_or_compile_kernel
-
-        def timed(*args, **kw):
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kw)
-            finally:
-                cute["s"] += time.perf_counter() - t0
-        cjp.get_or_compile_kernel = timed
+    # Measurement only: time cutlass.jax's kernel compile entry point (jit) or artifact loads.
+    if a.child == "jit":
+        kernel_timer = cute_compile_timer()
+        if kernel_timer is None:
+            raise SystemExit("jit case: CuTe DSL (cutlass.jax) is not importable")
     else:
-        inner_load = aot.load
-
-        def timed_load(path):
-            t0 = time.perf_counter()
-            try:
-                return inner_load(path)
-            finally:
-                cute["s"] += time.perf_counter() - t0
-        aot.load = timed_load
+        kernel_timer = CallTimer(aot, "load")
     row["backend"] = ops.resolve_backend()
     if row["backend"] != "gpu" and not a.allow_reference:
         raise SystemExit(f"the GPU kernels are not in use (backend {row['backend']})")
@@ -157,22 +144,17 @@ def run_child(a) -> dict:
     row["ttft_s"] = round(t_first - t_loaded, 3)
     row["ttft_from_process_start_s"] = round(t_first - a.spawned_at, 3)
     row["first_token"] = first.tokens[0]
-    t0 = time.time()
-    gen.generate([prompt], max_new_tokens=1, stop_tokens=[])
-    row["warm_first_token_s"] = round(time.time() - t0, 4)
-    t0 = time.time()
-    out = gen.generate([prompt], max_new_tokens=a.new, stop_tokens=[])
-    row["second_program_s"] = round(time.time() - t0, 3)
-    t0 = time.time()
-    gen.generate([prompt], max_new_tokens=a.new, stop_tokens=[])
-    row["warm_generate_s"] = round(time.time() - t0, 4)
-    row["tokens"] = out.tokens[0]
+    row["warm_first_token_s"] = round(timed_generate(gen, [prompt], 1)[0], 4)
+    seconds, tokens = timed_generate(gen, [prompt], a.new)
+    row["second_program_s"] = round(seconds, 3)
+    row["warm_generate_s"] = round(timed_generate(gen, [prompt], a.new)[0], 4)
+    row["tokens"] = tokens[0]
     if a.child == "jit":
-        row["cute_compile_s"] = round(cute["s"], 3)
-        row["cute_kernels"] = len(cjc._CUTLASS_COMPILE_CACHE)
+        row["cute_compile_s"] = round(kernel_timer.seconds, 3)
+        row["cute_kernels"] = cute_kernels_compiled()
     else:
         arts = aot.artifacts()
-        row["aot_load_s"] = round(cute["s"], 3)
+        row["aot_load_s"] = round(kernel_timer.seconds, 3)
         row["aot_hits"] = sum(arts.hits.values())
         row["aot_misses"] = sum(arts.misses.values())
         row["aot_artifacts_used"] = len(arts.loaded)
@@ -217,8 +199,7 @@ def main(argv=None) -> int:
               "quant": "K=4 mcg body, K=6 mcg lm_head (random trellis)",
               "prompt_tokens": a.prompt, "prompt_bucket": 128, "batch": 1,
               "new_tokens": a.new, "activation_dtype": "bfloat16",
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "command": "python scripts/gpu_ttft.py " + " ".join(argv or sys.argv[1:]),
+              **run_metadata(__file__, argv),
               "ttft_definition": "model-load-done -> first token of the first "
                                  "Generator.generate(max_new_tokens=1) call, fresh process",
               "cases": []}
@@ -273,9 +254,7 @@ def main(argv=None) -> int:
               f"{ks:9.2f} {r['second_program_s']:10.2f} {r['warm_first_token_s']:7.3f}  {note}")
     print(f"tokens agree across cases: {result['tokens_agree']}", flush=True)
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(a.out, result)
     return 0 if done else 1
 
 

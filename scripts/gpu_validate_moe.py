@@ -74,6 +74,13 @@ def routing(rng, T, top_k, E, invalid=0.0):
     return jnp.asarray(ids), jnp.asarray(w)
 
 
+def draw_tokens(rng, T, H, top_k, E, invalid=0.0, dtype=jnp.bfloat16):
+    """Fresh MoE inputs, drawn in this order: x [T, H] ~ N(0, 1) in ``dtype``, then
+    ``routing(rng, T, top_k, E, invalid)`` (ids int32 [T, top_k], weights fp32 [T, top_k])."""
+    x = jnp.asarray(rng.standard_normal((T, H)), dtype)
+    return (x, *routing(rng, T, top_k, E, invalid))
+
+
 def metrics(got, ref) -> dict:
     g = np.asarray(got, np.float64).ravel()
     r = np.asarray(ref, np.float64).ravel()
@@ -113,8 +120,7 @@ class Budget:
 def case(rng, E, H, I, K, cb, T, top_k, invalid=0.0, plan=None, x_dtype=jnp.bfloat16,
          fused=True, scaled=False, inter_valid=None):
     w13, down = random_moe(rng, E, H, I, K, cb, inter_valid)
-    x = jnp.asarray(rng.standard_normal((T, H)), x_dtype)
-    ids, w = routing(rng, T, top_k, E, invalid)
+    x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid, x_dtype)
     xsc = jnp.asarray(rng.uniform(0.5, 2.0, (T, 1)), jnp.float32) if scaled else None
     t0 = time.perf_counter()
     got = _gpu(x, ids, w, w13, down, plan=plan, fused=fused, x_scale=xsc)
@@ -276,8 +282,7 @@ def run_validation(args) -> dict:
         for T, fused in (Ts[::2] + Ts[-1:] if args.quick else Ts):
             if not budget.ok(f"decode_bitwise T{T}"):
                 continue
-            x = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
-            ids, w = routing(rng, T, top_k, E, 0.05)
+            x, ids, w = draw_tokens(rng, T, H, top_k, E, 0.05)
             batch = np.asarray(_gpu(x, ids, w, w13, down, fused=fused))
             single = np.concatenate([np.asarray(_gpu(x[t:t + 1], ids[t:t + 1], w[t:t + 1], w13,
                                                      down, fused=fused)) for t in range(T)])
@@ -323,8 +328,21 @@ def run_validation(args) -> dict:
         log(json.dumps(res))
         return res
 
-    def tiers():
+    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0):
+        """Rows of metrics(gpu(x, ids, w), ref(x, ids, w)) on fresh tokens, one per T; with a
+        ``name``, a T past the time budget is skipped (listed as "<name> T<T>")."""
         out = []
+        for T in Ts:
+            if name is not None and not budget.ok(f"{name} T{T}"):
+                continue
+            x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid)
+            m = metrics(gpu(x, ids, w), ref(x, ids, w))
+            m.update(T=T, ok=passes(m))
+            log(json.dumps(m))
+            out.append(m)
+        return dict(rows=out, ok=all(r["ok"] for r in out))
+
+    def tiers():
         E, H, I = 8, 512, 256
         t3, t4 = random_moe(rng, 4, H, I, 3, "mcg"), random_moe(rng, 4, H, I, 4, "mcg")
         perm = rng.permutation(E)
@@ -332,36 +350,20 @@ def run_validation(args) -> dict:
         expert_slot = jnp.asarray((perm % 4).astype(np.int32))
         f = jax.jit(lambda x, ids, w, be: moe_ops.moe_tiered(
             x, ids, w, [t3, t4], expert_tier, expert_slot, backend=be), static_argnums=3)
-        for T in (1, 8, 100):
-            x = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
-            ids, w = routing(rng, T, 4, E, 0.05)
-            m = metrics(f(x, ids, w, "gpu"), f(x, ids, w, "packed"))
-            m.update(T=T, ok=passes(m))
-            log(json.dumps(m))
-            out.append(m)
-        return dict(rows=out, ok=all(r["ok"] for r in out))
+        return versus_reference(None, (1, 8, 100), H, 4, E,          # (tiers always runs)
+                                lambda *t: f(*t, "gpu"), lambda *t: f(*t, "packed"), 0.05)
 
     def geometry():
-        out = []
         E, H, I, top_k = 128, 2048, 768, 8
         w13, down = random_moe(rng, E, H, I, 4, "mcg")
-        for T in (1, 8, 128):
-            if not budget.ok(f"geometry T{T}"):
-                continue
-            x = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
-            ids, w = routing(rng, T, top_k, E)
-            m = metrics(_gpu(x, ids, w, w13, down), _ref(x, ids, w, w13, down))
-            m.update(T=T, ok=passes(m))
-            log(json.dumps(m))
-            out.append(m)
-        return dict(rows=out, ok=all(r["ok"] for r in out))
+        return versus_reference("geometry", (1, 8, 128), H, top_k, E,
+                                lambda *t: _gpu(*t, w13, down), lambda *t: _ref(*t, w13, down))
 
     def dispatch():
         from exl3_jax.ops.moe import resolve_moe_backend
         E, H, I = 8, 256, 256
         w13, down = random_moe(rng, E, H, I, 4, "mul1")
-        x = jnp.asarray(rng.standard_normal((3, H)), jnp.bfloat16)
-        ids, w = routing(rng, 3, 2, E)
+        x, ids, w = draw_tokens(rng, 3, H, 2, E)
         kind = resolve_moe_backend(None, w13, down)
         got = jax.jit(lambda *a: moe_ops.moe(*a))(x, ids, w, w13, down)
         m = metrics(got, _ref(x, ids, w, w13, down))

@@ -318,20 +318,28 @@ def checkpoint_summary(directory: Path) -> dict:
 def phase_jax_logits(record: dict, work: Path, models: list[str]) -> None:
     _jax_env()
     import jax
+    record["jax"] = {"version": jax.__version__, "backend": jax.default_backend()}
+    _logits_phase(record, work, "jax", models, _jax_logits,
+                  lambda name, d: {} if name == "hf" else {"checkpoint": checkpoint_summary(d)})
+
+
+def _logits_phase(record: dict, work: Path, runtime: str, models: list[str], logits_of,
+                  describe=lambda name, d: {}) -> None:
+    """Logits of every model of ``models`` under ``runtime`` ("jax" / "ex") over the saved
+    inputs: ``logits_of(model directory, inputs)`` gives float [T, vocab] per input; each is
+    saved and summarised (logit std, finiteness) in record["models"][name], which starts from
+    ``describe(name, directory)``. A model that fails is recorded and the others go on."""
     p = _paths(work)
     p["logits"].mkdir(parents=True, exist_ok=True)
     inputs = load_inputs(work)
-    record["jax"] = {"version": jax.__version__, "backend": jax.default_backend()}
     record["models"] = {}
     for name in models:
         d = model_dir(work, name)
         t0 = time.perf_counter()
         try:
-            entry = {}
-            if name != "hf":
-                entry["checkpoint"] = checkpoint_summary(d)
-            for n, logits in zip(inputs, _jax_logits(d, list(inputs.values()))):
-                save_logits(work, "jax", name, n, logits)
+            entry = describe(name, d)
+            for n, logits in zip(inputs, logits_of(d, list(inputs.values()))):
+                save_logits(work, runtime, name, n, logits)
                 entry[f"T{n}"] = {"logit_std": float(logits.std(-1).mean()),
                                   "finite": bool(np.isfinite(logits).all())}
             entry["seconds"] = round(time.perf_counter() - t0, 2)
@@ -440,22 +448,7 @@ def _ex_logits(directory: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 def phase_ex_logits(record: dict, work: Path, models: list[str]) -> None:
     _ex_env(record)
-    p = _paths(work)
-    p["logits"].mkdir(parents=True, exist_ok=True)
-    inputs = load_inputs(work)
-    record["models"] = {}
-    for name in models:
-        t0 = time.perf_counter()
-        try:
-            entry = {}
-            for n, logits in zip(inputs, _ex_logits(model_dir(work, name), list(inputs.values()))):
-                save_logits(work, "ex", name, n, logits)
-                entry[f"T{n}"] = {"logit_std": float(logits.std(-1).mean()),
-                                  "finite": bool(np.isfinite(logits).all())}
-            entry["seconds"] = round(time.perf_counter() - t0, 2)
-            record["models"][name] = entry
-        except Exception as e:  # noqa: BLE001
-            _sub_error(record, name, e)
+    _logits_phase(record, work, "ex", models, _ex_logits)
 
 
 # -- metrics and report ---------------------------------------------------------------------------
@@ -486,35 +479,37 @@ def passes(m: dict) -> bool:
             and m["mean_kl"] <= THRESHOLDS["mean_kl_max"])
 
 
+# (label, checkpoints, reference logits, compared logits, gated by the thresholds) per family of
+# comparisons, in report order; "{m}" is a checkpoint of the family, ex_ckpts or jax_ckpts
+_CHECKPOINT_COMPARISONS = (
+    ("a: exl3-jax vs exllamav3 on exllamav3's checkpoint {m}", "ex", "ex__{m}", "jax__{m}", True),
+    ("b: exllamav3 vs exl3-jax on exl3-jax's checkpoint {m}", "jax", "jax__{m}", "ex__{m}", True),
+    ("b: exllamav3 on exl3-jax's {m} vs unquantized (torch fp32)", "jax", "torch__hf", "ex__{m}",
+     False),
+    ("quality: exllamav3's {m} in exllamav3 vs unquantized", "ex", "torch__hf", "ex__{m}", False),
+    ("quality: exl3-jax's {m} in exl3-jax vs unquantized", "jax", "torch__hf", "jax__{m}", False),
+)
+_SANITY_COMPARISONS = (
+    ("sanity: exl3-jax unquantized vs torch (transformers fp32)", "torch__hf", "jax__hf"),
+    ("sanity: exllamav3 unquantized (fp16) vs torch (transformers fp32)", "torch__hf", "ex__hf"),
+)
+
+
 def comparisons_for(keys: set[str]) -> list[tuple[str, str, str, bool]]:
     """(name, reference logits, compared logits, gated by the thresholds) for every pair the
     logits files ``keys`` (<runtime>__<model>__T<length>) allow."""
     models = sorted({k.split("__")[1] for k in keys})
     lengths = sorted({int(k.split("__")[2][1:]) for k in keys})
-    ex_ckpts = [m for m in models if m == "ex" or m.startswith("ex_")]
-    jax_ckpts = [m for m in models if m.startswith("jax_")]
+    ckpts = {"ex": [m for m in models if m == "ex" or m.startswith("ex_")],
+             "jax": [m for m in models if m.startswith("jax_")]}
     out = []
     for n in lengths:
         t = f"__T{n}"
-        for m in ex_ckpts:
-            out.append((f"a: exl3-jax vs exllamav3 on exllamav3's checkpoint {m}, T={n}",
-                        f"ex__{m}{t}", f"jax__{m}{t}", True))
-        for m in jax_ckpts:
-            out.append((f"b: exllamav3 vs exl3-jax on exl3-jax's checkpoint {m}, T={n}",
-                        f"jax__{m}{t}", f"ex__{m}{t}", True))
-        for m in jax_ckpts:
-            out.append((f"b: exllamav3 on exl3-jax's {m} vs unquantized (torch fp32), T={n}",
-                        f"torch__hf{t}", f"ex__{m}{t}", False))
-        for m in ex_ckpts:
-            out.append((f"quality: exllamav3's {m} in exllamav3 vs unquantized, T={n}",
-                        f"torch__hf{t}", f"ex__{m}{t}", False))
-        for m in jax_ckpts:
-            out.append((f"quality: exl3-jax's {m} in exl3-jax vs unquantized, T={n}",
-                        f"torch__hf{t}", f"jax__{m}{t}", False))
-        out.append((f"sanity: exl3-jax unquantized vs torch (transformers fp32), T={n}",
-                    f"torch__hf{t}", f"jax__hf{t}", False))
-        out.append((f"sanity: exllamav3 unquantized (fp16) vs torch (transformers fp32), T={n}",
-                    f"torch__hf{t}", f"ex__hf{t}", False))
+        for label, family, ref, other, gated in _CHECKPOINT_COMPARISONS:
+            out += [(f"{label.format(m=m)}, T={n}", ref.format(m=m) + t, other.format(m=m) + t,
+                     gated) for m in ckpts[family]]
+        out += [(f"{label}, T={n}", ref + t, other + t, False)
+                for label, ref, other in _SANITY_COMPARISONS]
     return out
 
 

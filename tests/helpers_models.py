@@ -53,6 +53,35 @@ ARCHS = tuple(CONFIGS)
 # One token shape for every full-sequence forward in the tests, so jit compiles are shared.
 RECOMPUTE_SHAPE = (3, 32)
 
+# Parallel-test models: heads of 128 and widths that are multiples of 128 per rank, so tensor
+# and expert parallel splits land on Hadamard blocks.
+_PARALLEL_BASE = dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=128, intermediate_size=512, vocab_size=512, num_hidden_layers=1)
+_PARALLEL_EXPERTS = {     # architecture -> its config keys for (experts, expert intermediate)
+    "qwen3_moe": lambda E, I: dict(num_experts=E, num_experts_per_tok=2,
+                                   moe_intermediate_size=I, mlp_only_layers=[]),
+    "glm4_moe": lambda E, I: dict(first_k_dense_replace=1, n_routed_experts=E,
+                                  num_experts_per_tok=2, moe_intermediate_size=I),
+}
+
+
+def parallel_model(arch: str, *, experts: int = 0, expert_intermediate: int = 0,
+                   **overrides) -> tuple[str, dict]:
+    """(arch, config overrides for ``write_models``) of a parallel-test model.
+
+    Defaults: hidden 512, 4 query / 2 KV heads of 128, FFN 512, vocab 512, one layer. MoE
+    architectures (qwen3_moe: every layer MoE; glm4_moe: the first layer dense) take
+    ``experts`` experts of intermediate ``expert_intermediate``, top-2. ``overrides``: other
+    HF config fields (e.g. hidden_size, num_hidden_layers)."""
+    cfg = dict(_PARALLEL_BASE)
+    if experts:
+        if arch not in _PARALLEL_EXPERTS:
+            raise ValueError(f"no expert fields for architecture {arch!r}; "
+                             f"known: {sorted(_PARALLEL_EXPERTS)}")
+        cfg.update(_PARALLEL_EXPERTS[arch](experts, expert_intermediate))
+    cfg.update(overrides)
+    return arch, cfg
+
 
 def _pad(d: int) -> int:
     return -(-d // 128) * 128

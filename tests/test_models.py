@@ -13,7 +13,7 @@ import pytest
 from exl3_jax.format import Exl3FormatError, MissingTensorError, TensorShapeError
 from exl3_jax.generate import Generator
 from exl3_jax.models import (ConfigFieldError, UnsupportedArchitectureError, load_model)
-from exl3_jax.nn import Exl3Experts, Exl3Linear, Linear, MoEBlock
+from exl3_jax.nn import Exl3Experts, Exl3Linear, Linear, MoEBlock, TieredExl3Experts
 from helpers_models import ARCHS, RECOMPUTE_SHAPE, cached_models, write_models
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -155,11 +155,14 @@ def test_missing_expert(tmp_path):
         load_model(exl3)
 
 
-def test_mixed_expert_K(tmp_path):
+def test_mixed_expert_K_loads_as_tiers(tmp_path):
+    """An expert with another K makes a second tier (ordered by K) instead of a load error."""
     exl3, _ = write_models("qwen3_moe", tmp_path, np.random.default_rng(3),
                            expert_K={"model.layers.1.mlp.experts.2.up_proj": 3})
-    with pytest.raises(Exl3FormatError, match="experts.2.up_proj"):
-        load_model(exl3)
+    experts = load_model(exl3).layers[1].mlp.experts
+    assert isinstance(experts, TieredExl3Experts)
+    assert np.asarray(experts.expert_tier).tolist() == [1, 1, 0, 1]
+    assert np.asarray(experts.expert_slot).tolist() == [0, 1, 0, 2]
 
 
 def test_not_a_model_directory(tmp_path):

@@ -111,17 +111,11 @@ def _collect(procs: list[subprocess.Popen], cwd: Path, timeout: float = 300) -> 
     return reports
 
 
-# synthetic models of the generate test: (architecture, config overrides); every split at tp=4
-# is 128 wide
-GENERATE_MODELS = {
-    "dense": ("llama", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=128, intermediate_size=512, vocab_size=512,
-                            num_hidden_layers=1)),
-    "moe": ("qwen3_moe", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                              head_dim=128, intermediate_size=512, vocab_size=512,
-                              num_hidden_layers=1, num_experts=4, num_experts_per_tok=2,
-                              moe_intermediate_size=128, mlp_only_layers=[])),
-}
+# synthetic models of the generate test: arguments of tests/helpers_models.parallel_model
+# (imported in the test, as this module is also the workers' jax-free entry point); every split
+# at tp=4 is 128 wide
+GENERATE_MODELS = {"dense": ("llama", {}),
+                   "moe": ("qwen3_moe", dict(experts=4, expert_intermediate=128))}
 NEW_TOKENS = 6
 
 
@@ -140,7 +134,7 @@ def test_two_process_generate_matches_single_process(tmp_path, name):
     tokens of one process on one device, and stream the same per-step logits (dense: KV heads
     replicated within each process; moe: expert parallel, one expert per device)."""
     import numpy as np
-    from helpers_models import write_models
+    from helpers_models import parallel_model, write_models
 
     from exl3_jax.generate import Generator
     from exl3_jax.models import load_model
@@ -148,7 +142,8 @@ def test_two_process_generate_matches_single_process(tmp_path, name):
     port, seed = _free_port(), int.from_bytes(os.urandom(4), "little")
     print(f"random seed: {seed}")
     rng = np.random.default_rng(seed)
-    arch, overrides = GENERATE_MODELS[name]
+    arch, kwargs = GENERATE_MODELS[name]
+    arch, overrides = parallel_model(arch, **kwargs)
     write_models(arch, tmp_path / "model", rng, config_overrides=overrides)
     prompts = [[int(t) for t in rng.integers(3, 512, size=n)] for n in (5, 11)]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))

@@ -17,20 +17,13 @@ import pytest
 from exl3_jax import parallel as par
 from exl3_jax.generate import Generator
 from exl3_jax.ops import resolve_backend
-from helpers_models import write_models
+from helpers_models import parallel_model, write_models
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     jax.default_backend() != "gpu" or jax.device_count() < 2, reason="needs 2 CUDA devices")]
 
-MODELS = {
-    "dense": ("llama", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=128, intermediate_size=512, vocab_size=512,
-                            num_hidden_layers=1)),
-    "moe": ("qwen3_moe", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                              head_dim=128, intermediate_size=512, vocab_size=512,
-                              num_hidden_layers=1, num_experts=4, num_experts_per_tok=2,
-                              moe_intermediate_size=256, mlp_only_layers=[])),
-}
+MODELS = {"dense": parallel_model("llama"),
+          "moe": parallel_model("qwen3_moe", experts=4, expert_intermediate=256)}
 REL_L2 = 2e-2
 AGREEING_TOKENS = 3
 

@@ -27,6 +27,7 @@ from flax import nnx
 from exl3_jax import parallel as par
 from exl3_jax.generate import Generator
 from helpers_devices import ChildDevices
+from helpers_models import parallel_model
 
 DEVICES = 8
 CHILD_ENV = "EXL3_JAX_PARALLEL_MODEL_CHILD"
@@ -44,32 +45,20 @@ delegated = _child.delegated
 # synthetic models and their single-device references (built lazily, once, in the child)
 
 CASES = {     # name -> (architecture, config overrides)
-    "llama": ("llama", dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2,
-                            head_dim=128, intermediate_size=512, vocab_size=512,
-                            num_hidden_layers=2)),
-    "qwen3_moe": ("qwen3_moe", dict(hidden_size=512, num_attention_heads=4,
-                                    num_key_value_heads=2, head_dim=128,
-                                    intermediate_size=512, vocab_size=512,
-                                    num_hidden_layers=1, num_experts=8, num_experts_per_tok=2,
-                                    moe_intermediate_size=256, mlp_only_layers=[])),
+    "llama": parallel_model("llama", hidden_size=1024, num_attention_heads=8,
+                            num_hidden_layers=2),
+    "qwen3_moe": parallel_model("qwen3_moe", experts=8, expert_intermediate=256),
     # sigmoid router with score bias, shared experts, attention bias, q/k norm, partial
     # rotary, a dense first layer
-    "glm4_moe": ("glm4_moe", dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                                  head_dim=128, intermediate_size=512, vocab_size=512,
-                                  num_hidden_layers=2, first_k_dense_replace=1,
-                                  n_routed_experts=8, num_experts_per_tok=2,
-                                  moe_intermediate_size=256)),
+    "glm4_moe": parallel_model("glm4_moe", experts=8, expert_intermediate=256,
+                               num_hidden_layers=2),
     # one layer, 2 query heads / 1 KV head of 128 (replicated at tp=2): the fast smoke model
-    "llama_tiny": ("llama", dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
-                                 head_dim=128, intermediate_size=256, vocab_size=256,
-                                 num_hidden_layers=1)),
+    "llama_tiny": parallel_model("llama", hidden_size=256, num_attention_heads=2,
+                                 num_key_value_heads=1, intermediate_size=256, vocab_size=256),
     # one MoE layer, 4 experts of intermediate 128, top-2
-    "qwen3_moe_tiny": ("qwen3_moe", dict(hidden_size=256, num_attention_heads=2,
-                                         num_key_value_heads=2, head_dim=128,
-                                         intermediate_size=256, vocab_size=256,
-                                         num_hidden_layers=1, num_experts=4,
-                                         num_experts_per_tok=2, moe_intermediate_size=128,
-                                         mlp_only_layers=[])),
+    "qwen3_moe_tiny": parallel_model("qwen3_moe", experts=4, expert_intermediate=128,
+                                     hidden_size=256, num_attention_heads=2,
+                                     intermediate_size=256, vocab_size=256),
 }
 _MODELS: dict[str, object] = {}
 _CASES: dict[str, tuple] = {}

@@ -89,7 +89,9 @@ def test_exact_matches_independent_numpy_viterbi(rng, K, codebook):
         assert ours == pytest.approx(numpy_viterbi_cost(tiles[i], K, codebook), rel=1e-4)
 
 
-@pytest.mark.parametrize("K,codebook,n", [(2, "mcg", 12), (3, "mul1", 16), (4, "3inst", 16)])
+# 48 tiles: one 5-sigma Gaussian value beyond the codebook's range can cost a tile 4x the mean
+# error, which moved a 16-tile mean outside the 10% window (seed 1907714653: +22%).
+@pytest.mark.parametrize("K,codebook,n", [(2, "mcg", 32), (3, "mul1", 48), (4, "3inst", 48)])
 def test_exact_mse_matches_reference_table(rng, K, codebook, n):
     tiles = gaussian_tiles(rng, n, codebook)
     states, values = encode_tiles(tiles, K, codebook, mode="exact")
@@ -112,7 +114,9 @@ def test_fast_mode_within_1p5x_of_exact(rng, K, codebook, n):
     # the upstream bound is for the exact encoder; at K=1 (mean 0.27) allow the fast mode 10%
     assert mse_fast < MSE_BOUND[K] * (1.1 if K == 1 else 1.0)
     assert mse_exact <= mse_fast * 1.02          # exact is (near-)optimal for the same start
-    assert mse_fast < 1.5 * mse_exact, (mse_fast, mse_exact)
+    # the issue allows 1.5x; the windowed pass 1 measures 1.000-1.011 (K1-K8), so a regression
+    # shows well before that
+    assert mse_fast < 1.1 * mse_exact, (mse_fast, mse_exact)
 
 
 @pytest.mark.parametrize("K,codebook", [(5, "mcg"), pytest.param(6, "3inst", marks=slow),
@@ -138,31 +142,17 @@ def random_codewords(rng, n, K, codebook):
 
 
 @pytest.mark.parametrize("K,codebook,mode", [(2, "mcg", "exact"), (5, "mul1", "exact"),
-                                             pytest.param(2.5, "mul1", "exact", marks=slow)])
+                                             pytest.param(2.5, "mul1", "exact", marks=slow),
+                                             (2, "mcg", "fast"), (2.5, "mul1", "fast"),
+                                             (4, "mcg", "fast")])
 def test_valid_codeword_reencodes_losslessly(rng, mode, K, codebook):
-    # exact search: a zero-error path exists and is found
-    target = random_codewords(rng, 3, K, codebook)
+    # A zero-error path exists and is found. In the fast mode pass 1 sees only a window, but the
+    # codeword's own path is the only zero-cost one through it in practice (measured: 16 of 16
+    # tiles exact at K2 mcg, K2.5/K3 mul1, whose 913 distinct values tie more often, and K4 mcg).
+    target = random_codewords(rng, 8, K, codebook)
     states, values = encode_tiles(target, K, codebook, mode=mode)
     check_codeword(states, values, K, codebook)
     np.testing.assert_allclose(values.astype(np.float32), target, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("K,codebook", [(2, "mcg"), (2.5, "mul1"), (4, "mcg")])
-def test_reduced_search_nearly_lossless_on_valid_codewords(rng, K, codebook):
-    # The reduced-state search keeps one survivor per reduced edge; among equal-cost (zero-cost)
-    # survivors it may keep one whose dropped bits lead nowhere, so a valid codeword is not always
-    # found exactly (measured over 10 sets of 8 tiles: 81% exact at K=2/mcg, 73% at K=2.5/mul1,
-    # whose 913 distinct values tie far more often; rel. MSE <= 0.013, Gaussian tiles at K=2
-    # give 0.07). Most tiles must still be exact and the rest close. At K >= 3 only pass 1 is
-    # pruned (r = 6 at K4), so the entry edge is often not the codeword's and few tiles come out
-    # exact (1 of 16 measured), but the exact pass 2 keeps the error at ~0.2x a Gaussian tile's.
-    target = random_codewords(rng, 16, K, codebook)
-    states, values = encode_tiles(target, K, codebook, mode="fast")
-    check_codeword(states, values, K, codebook)
-    if K < 3:
-        exact_tiles = np.all(values.astype(np.float32) == target, axis=1)
-        assert exact_tiles.sum() >= 8, exact_tiles
-    assert rel_mse(values, target) < 0.25 * MSE_MEASURED[int(K)]
 
 
 @pytest.mark.parametrize("mode,K", [("exact", 3), ("fast", 2)])

@@ -7,6 +7,11 @@ Routers (all math in fp32, spec 5.2):
 * ``"sigmoid"`` (GLM-4-MoE, exllamav3 ``dots``): s = sigmoid(logits); experts picked by top-k of
   s + e_score_correction_bias; weights are the unbiased s of the picked experts, optionally
   normalised to sum 1 (+1e-20), times routed_scaling_factor. No group limiting.
+
+Experts: ``routed_experts`` builds the module from the loaded stacks: ``Exl3Experts`` when every
+projection has one K and codebook (one tier), ``TieredExl3Experts`` for mixed-K layers (one
+``Exl3Experts`` per (K, codebook) tier, run through ``ops.moe_tiered``), ``PlainExperts`` for
+unquantized weights.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..ops.moe import can_stack_w13, combine_matrix, moe, moe_experts, plane, stack_w13
+from ..ops.moe import (can_stack_w13, combine_experts, expert_tiers, moe, moe_tiered, plane,
+                       stack_w13)
 from ..trellis import Exl3Weight
 from .linear import dequantize_weight
 from .numerics import fp16_operand
@@ -55,6 +61,10 @@ class Exl3Experts(nnx.Module):
 
     def __init__(self, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight):
         for name, w in (("gate", gate), ("up", up), ("down", down)):
+            if not isinstance(w, Exl3Weight):
+                raise TypeError(f"{name} experts must be one stacked Exl3Weight, got "
+                                f"{type(w).__name__}; mixed-K layers are built by "
+                                f"routed_experts (TieredExl3Experts)")
             if len(w.stack_shape) != 1:
                 raise ValueError(f"{name} experts need one leading expert axis, got "
                                  f"{w.stack_shape}")
@@ -74,6 +84,11 @@ class Exl3Experts(nnx.Module):
         return plane(self.w13, 1) if self.w13 is not None else self.split[1]
 
     @property
+    def gate_up(self):
+        """gate/up as ``ops.moe`` takes them: the w13 slab, or the (gate, up) pair."""
+        return self.w13 if self.w13 is not None else self.split
+
+    @property
     def num_experts(self) -> int:
         return self.down.stack_shape[0]
 
@@ -86,16 +101,45 @@ class Exl3Experts(nnx.Module):
         scale = None
         if x.dtype != jnp.float32 and self.dense is None:
             x, scale = fp16_operand(x)
-        if self.w13 is None:
-            return moe_experts(x, ids, weights, self.gate, self.up, self.down, x_scale=scale,
-                               dense=self.dense)
-        return moe(x, ids, weights, self.w13, self.down, x_scale=scale, dense=self.dense)
+        return moe(x, ids, weights, self.gate_up, self.down, x_scale=scale, dense=self.dense)
+
+
+class TieredExl3Experts(nnx.Module):
+    """Mixed-bitrate experts: one ``Exl3Experts`` per (K, codebook) tier (``ops.expert_tiers``:
+    tiers by K ascending, experts in id order) and the maps expert_tier / expert_slot int32 [E]
+    (global expert e is slot expert_slot[e] of tiers[expert_tier[e]]). Runs through
+    ``ops.moe_tiered`` with the numerics policy of ``Exl3Experts``."""
+
+    def __init__(self, tiers, expert_tier, expert_slot):
+        if len(tiers) < 2:
+            raise ValueError(f"TieredExl3Experts needs at least two tiers, got {len(tiers)} "
+                             f"(one tier is an Exl3Experts)")
+        self.tiers = nnx.List([Exl3Experts(*t) for t in tiers])
+        self.expert_tier = nnx.data(jnp.asarray(expert_tier, jnp.int32))
+        self.expert_slot = nnx.data(jnp.asarray(expert_slot, jnp.int32))
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.expert_tier.shape[0])
+
+    def __call__(self, x, ids, weights):
+        """x [T, H] -> float32 [T, H] (routed sum)."""
+        dense = [t.dense for t in self.tiers]
+        scale = None
+        if x.dtype != jnp.float32 and any(d is None for d in dense):
+            x, scale = fp16_operand(x)
+        return moe_tiered(x, ids, weights, [(t.gate_up, t.down) for t in self.tiers],
+                          self.expert_tier, self.expert_slot, x_scale=scale, dense=dense)
 
 
 class PlainExperts(nnx.Module):
     """Unquantized stacked experts (HF-layout reference models): w [E, in, out]."""
 
     def __init__(self, gate, up, down):
+        for name, w in (("gate", gate), ("up", up), ("down", down)):
+            if isinstance(w, (Exl3Weight, list, tuple)):
+                raise TypeError(f"{name} experts are EXL3 ({type(w).__name__}), not a plain "
+                                f"[E, in, out] array; build the layer with routed_experts")
         self.gate, self.up, self.down = nnx.Param(gate), nnx.Param(up), nnx.Param(down)
 
     @property
@@ -108,8 +152,32 @@ class PlainExperts(nnx.Module):
         u = jnp.einsum("th,ehi->eti", xf, self.up[...].astype(jnp.float32), precision=_HIGHEST)
         y = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, self.down[...].astype(jnp.float32),
                        precision=_HIGHEST)
-        return jnp.einsum("te,eth->th", combine_matrix(ids, weights, self.num_experts), y,
-                          precision=_HIGHEST)
+        return combine_experts(ids, weights, y)
+
+
+def routed_experts(gate, up, down):
+    """The routed-experts module of one MoE layer from its loaded projections.
+
+    Args:
+      gate, up, down: what ``models.WeightSource.expert_stack`` returns for each projection:
+        float [E, in, out] (unquantized), an Exl3Weight [E] (one K and codebook), or a sequence
+        of E single Exl3Weights (mixed K / codebook).
+    Returns:
+      PlainExperts; Exl3Experts when every projection is one stack (today's single-tier
+      layout); else TieredExl3Experts, experts grouped by (K, codebook) of all three projections.
+    """
+    projections = (gate, up, down)
+    quantized = [isinstance(w, (Exl3Weight, list, tuple)) for w in projections]
+    if not any(quantized):
+        return PlainExperts(gate, up, down)
+    if not all(quantized):
+        raise ValueError("an MoE layer mixes EXL3 and plain expert projections")
+    if all(isinstance(w, Exl3Weight) for w in projections):
+        return Exl3Experts(gate, up, down)
+    tiers, expert_tier, expert_slot = expert_tiers(gate, up, down)
+    if len(tiers) == 1:
+        return Exl3Experts(*tiers[0])
+    return TieredExl3Experts(tiers, expert_tier, expert_slot)
 
 
 class MoEBlock(nnx.Module):
@@ -150,5 +218,5 @@ class MoEBlock(nnx.Module):
         return y.astype(x.dtype).reshape(*lead, -1)
 
 
-__all__ = ["ROUTERS", "Exl3Experts", "MoEBlock", "PlainExperts", "route_sigmoid_topk",
-           "route_softmax_topk"]
+__all__ = ["ROUTERS", "Exl3Experts", "MoEBlock", "PlainExperts", "TieredExl3Experts",
+           "route_sigmoid_topk", "route_softmax_topk", "routed_experts"]

@@ -10,17 +10,23 @@ Backends (``backend=`` argument, else $EXL3_JAX_MOE_BACKEND, else "auto"):
   * "gpu": the grouped Trellis MoE kernels (exl3_jax.ffi.trellis_moe).
   * "auto": "gpu" on a CUDA device with the kernels available, else "reference".
 
-Mixed bitrates: ``moe_tiered`` runs one stack per K tier with an expert -> (tier, slot) map and
-sums the tiers' outputs.
+Gate and up that differ in K or codebook cannot share a w13 slab: ``moe`` then takes them as a
+(gate, up) pair and runs the all-experts reference.
+
+Mixed bitrates: ``expert_tiers`` groups a layer's experts by (K, codebook) at load, one stack per
+tier plus an expert -> (tier, slot) map; ``moe_tiered`` runs each tier through ``moe`` on the
+routes to its experts and sums the tiers' outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..trellis import Exl3Weight, linear_reference
 from .moe_routing import combine_routes, gather_rows, pack_routes
@@ -31,6 +37,13 @@ MOE_BACKEND_ENV = "EXL3_JAX_MOE_BACKEND"
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 ACTIVATIONS = ("silu",)
+
+
+def route_mask(ids, num_experts: int, first_expert=0):
+    """bool [T, num_experts]: whether token t routes to expert first_expert + e (ids int [T, k];
+    ids of -1 or outside the range route nowhere; first_expert may be traced)."""
+    local = jnp.asarray(ids) - first_expert                                   # [T, k]
+    return jnp.any(local[..., None] == jnp.arange(num_experts), axis=-2)      # [T, E]
 
 
 def combine_matrix(ids, weights, num_experts: int, first_expert=0):
@@ -44,6 +57,23 @@ def combine_matrix(ids, weights, num_experts: int, first_expert=0):
     onehot = local[..., None] == jnp.arange(num_experts)                      # [T, k, E]
     w = jnp.asarray(weights, jnp.float32)[..., None]
     return jnp.sum(jnp.where(onehot, w, 0.0), axis=-2)
+
+
+def combine_experts(ids, weights, y, first_expert=0):
+    """Routed sum of per-expert outputs: out[t] = sum_e combine_matrix[t, e] * y[e, t].
+
+    Args:
+      ids: int [T, k] global expert ids; weights: float [T, k].
+      y: float32 [E, T, H], every expert's output on every token.
+    Returns:
+      float32 [T, H]. Experts a token does not route to add exactly 0, even where their output
+      is inf or NaN (a plain 0 * inf in the einsum would give NaN).
+    """
+    num_experts = y.shape[0]
+    routed = route_mask(ids, num_experts, first_expert).T                     # [E, T]
+    y = jnp.where(routed[..., None], y, 0.0)                                  # [E, T, H]
+    return jnp.einsum("te,eth->th", combine_matrix(ids, weights, num_experts, first_expert), y,
+                      precision=_HIGHEST)
 
 
 def _experts_matmul(x, weight: Exl3Weight, dense, backend, per_expert: bool):
@@ -87,7 +117,6 @@ def moe_experts(x, ids, weights, gate: Exl3Weight, up: Exl3Weight, down: Exl3Wei
     if not (len(gate.stack_shape) == len(up.stack_shape) == len(down.stack_shape) == 1):
         raise ValueError("moe_experts takes expert stacks with one leading axis; got "
                          f"{gate.stack_shape}, {up.stack_shape}, {down.stack_shape}")
-    num_experts = gate.stack_shape[0]
     dg, du, dd = dense if dense is not None else (None, None, None)
     g = _experts_matmul(x, gate, dg, backend, per_expert=False)             # [E, T, I]
     u = _experts_matmul(x, up, du, backend, per_expert=False)
@@ -96,8 +125,7 @@ def moe_experts(x, ids, weights, gate: Exl3Weight, up: Exl3Weight, down: Exl3Wei
         u = u * x_scale[None]
     h = jax.nn.silu(g) * u
     y = _experts_matmul(h, down, dd, backend, per_expert=True)              # [E, T, H]
-    return jnp.einsum("te,eth->th", combine_matrix(ids, weights, num_experts), y,
-                      precision=_HIGHEST)
+    return combine_experts(ids, weights, y)
 
 
 def plane(w: Exl3Weight, i: int) -> Exl3Weight:
@@ -107,11 +135,37 @@ def plane(w: Exl3Weight, i: int) -> Exl3Weight:
                                bias=pick(w.bias))
 
 
+def stack_layout(w: Exl3Weight) -> tuple:
+    """Everything static two linears must share to be stacked into one slab: K, codebook,
+    trellis shape, logical sizes and bias presence."""
+    return (w.K, w.codebook, tuple(w.trellis.shape), w.in_features, w.out_features,
+            w.bias is None)
+
+
 def can_stack_w13(gate: Exl3Weight, up: Exl3Weight) -> bool:
     """Whether gate and up share everything static (K, codebook, shapes, bias presence)."""
-    return (gate.K, gate.codebook, gate.trellis.shape, gate.in_features, gate.out_features,
-            gate.bias is None) == (up.K, up.codebook, up.trellis.shape, up.in_features,
-                                   up.out_features, up.bias is None)
+    return stack_layout(gate) == stack_layout(up)
+
+
+def _stack(ws: Sequence[Exl3Weight]) -> Exl3Weight:
+    """ws stacked on a new leading axis (caller checked stack_layout); the trellis words are
+    copied as they are, never re-encoded."""
+    first = ws[0]
+    st = lambda name: (None if getattr(first, name) is None  # noqa: E731
+                       else jnp.stack([getattr(w, name) for w in ws]))
+    return dataclasses.replace(first, trellis=st("trellis"), suh=st("suh"), svh=st("svh"),
+                               bias=st("bias"))
+
+
+def stack_experts(experts: Sequence[Exl3Weight]) -> Exl3Weight:
+    """Single linears of one layout (``stack_layout``) -> one Exl3Weight [E] (done once at
+    load)."""
+    layouts = {stack_layout(w) for w in experts}
+    if len(layouts) != 1:
+        raise ValueError(f"experts of one stack must share K, codebook, shape and bias presence; "
+                         f"got {len(layouts)} layouts (K, codebook): "
+                         f"{sorted({(lay[0], lay[1]) for lay in layouts})}")
+    return _stack(list(experts))
 
 
 def stack_w13(gate: Exl3Weight, up: Exl3Weight) -> Exl3Weight:
@@ -121,10 +175,7 @@ def stack_w13(gate: Exl3Weight, up: Exl3Weight) -> Exl3Weight:
         raise ValueError(f"gate and up stacks differ: K {gate.K}/{up.K}, codebook "
                          f"{gate.codebook}/{up.codebook}, trellis {gate.trellis.shape}/"
                          f"{up.trellis.shape}")
-    st = lambda a, b: None if a is None else jnp.stack([a, b])  # noqa: E731
-    return dataclasses.replace(gate, trellis=st(gate.trellis, up.trellis),
-                               suh=st(gate.suh, up.suh), svh=st(gate.svh, up.svh),
-                               bias=st(gate.bias, up.bias))
+    return _stack([gate, up])
 
 
 def _take_expert(w: Exl3Weight, e) -> Exl3Weight:
@@ -194,13 +245,15 @@ def resolve_moe_backend(backend: str | None, w13: Exl3Weight, down: Exl3Weight) 
     return "gpu" if trellis_moe.supports(w13, down) else "reference"
 
 
-def moe(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None, dense=None,
+def moe(x, ids, weights, w13, down: Exl3Weight, *, x_scale=None, dense=None,
         backend: str | None = None, linear_backend: str | None = None):
     """Routed SwiGLU experts: sum_i w_i * down_{e_i}(silu(gate_{e_i}(x)) * up_{e_i}(x)).
 
     Args:
-      x: float [T, d]; ids int [T, top_k]; weights float [T, top_k].
-      w13: Exl3Weight [2, E] (plane 0 gate, plane 1 up); down: Exl3Weight [E].
+      x: float [T, d]; ids int [T, top_k] (-1 / out of range = no expert); weights [T, top_k].
+      w13: Exl3Weight [2, E] (plane 0 gate, plane 1 up), or a (gate [E], up [E]) pair when
+        gate and up cannot share a slab (``can_stack_w13``); a pair always runs the
+        all-experts reference. down: Exl3Weight [E].
       x_scale: optional float32 [T, 1] (x is a scaled fp16 operand of true input x * x_scale).
       dense: optional cached dequantized (gate, up, down) float32 [E, k, n] (reference only).
       backend: see the module docstring; linear_backend: passed to trellis_matmul by the
@@ -208,6 +261,10 @@ def moe(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None, den
     Returns:
       float32 [T, down.out_features].
     """
+    if not isinstance(w13, Exl3Weight):
+        gate, up = w13
+        return moe_experts(x, ids, weights, gate, up, down, x_scale=x_scale, dense=dense,
+                           backend=linear_backend)
     kind = "reference" if dense is not None else resolve_moe_backend(backend, w13, down)
     if kind == "gpu":
         from .moe_plans import DEFAULT_CAPACITY
@@ -252,21 +309,74 @@ def _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale):
     return trellis_moe.moe_gpu(x, ids, weights, w13, down, x_scale=x_scale)[:T]
 
 
-def moe_tiered(x, ids, weights, tiers, expert_tier, expert_slot, *, x_scale=None,
-               backend: str | None = None):
-    """Mixed-bitrate experts: tier t holds (w13 [2, E_t], down [E_t]) of one K each; global
-    expert e lives in tier expert_tier[e] at slot expert_slot[e] (int32 [E] arrays).
+def _select(projection, members: list[int]) -> Exl3Weight:
+    """Experts ``members`` of one projection, given stacked [E] (one layout: a gather) or as a
+    sequence of single linears (stacked here)."""
+    if isinstance(projection, Exl3Weight):
+        idx = np.asarray(members)
+        return jax.tree.map(lambda a: a[idx], projection)
+    return stack_experts([projection[e] for e in members])
 
-    Each tier runs on the routes to its experts (others masked to -1) and the tiers' fp32
-    outputs are summed in tier order. Returns float32 [T, out_features]."""
+
+def expert_tiers(gate, up, down) -> tuple[list[tuple[Exl3Weight, Exl3Weight, Exl3Weight]],
+                                           np.ndarray, np.ndarray]:
+    """Group a layer's experts into tiers of one (K, codebook) per projection.
+
+    Args:
+      gate, up, down: each either an Exl3Weight [E] (all experts of that projection share one
+        layout) or a sequence of E single Exl3Weights (mixed K / codebook).
+    Returns:
+      (tiers, expert_tier, expert_slot): tiers = (gate, up, down) Exl3Weight [E_t] each,
+      ordered by their K (gate, up, down) ascending, then by their first expert; a tier's
+      experts in ascending id order, stacked natively (trellis words copied, never
+      re-encoded). expert_tier / expert_slot int32 [E]: global expert e lives in
+      tiers[expert_tier[e]] at slot expert_slot[e].
+    """
+    projections = (gate, up, down)
+    counts = {w.stack_shape[0] if isinstance(w, Exl3Weight) else len(w) for w in projections}
+    if len(counts) != 1:
+        raise ValueError(f"gate, up and down hold different numbers of experts: {counts}")
+    num_experts = counts.pop()
+
+    def layout(p, e):
+        w = projections[p]
+        return stack_layout(w if isinstance(w, Exl3Weight) else w[e])
+
+    members: dict[tuple, list[int]] = {}                    # joint layout -> experts (ascending)
+    for e in range(num_experts):
+        members.setdefault(tuple(layout(p, e) for p in range(3)), []).append(e)
+    order = sorted(members, key=lambda key: (tuple(lay[0] for lay in key), members[key][0]))
+    tiers = []
+    expert_tier = np.full(num_experts, -1, np.int32)
+    expert_slot = np.full(num_experts, -1, np.int32)
+    for t, key in enumerate(order):
+        ids = members[key]
+        expert_tier[ids] = t
+        expert_slot[ids] = np.arange(len(ids))
+        tiers.append(tuple(_select(w, ids) for w in projections))
+    return tiers, expert_tier, expert_slot
+
+
+def moe_tiered(x, ids, weights, tiers, expert_tier, expert_slot, *, x_scale=None, dense=None,
+               backend: str | None = None):
+    """Mixed-bitrate experts: tier t holds (w13, down [E_t]) of one layout each, w13 as ``moe``
+    takes it (a [2, E_t] slab or a (gate, up) pair); global expert e lives in tier
+    expert_tier[e] at slot expert_slot[e] (int32 [E] arrays, may be traced).
+
+    Each tier runs through ``moe`` (its backend choice, EXL3_JAX_MOE_BACKEND included) on the
+    routes to its experts (the others masked to -1: no rows, an exact zero) and the tiers' fp32
+    outputs are summed in tier order. dense: optional per-tier cached dequantized stacks (None
+    for a tier without). Returns float32 [T, out_features]."""
     ids = jnp.asarray(ids, jnp.int32)
-    valid = ids >= 0
-    safe = jnp.maximum(ids, 0)
-    tier_of = jnp.asarray(expert_tier, jnp.int32)[safe]
+    num_experts = jnp.shape(expert_tier)[0]
+    valid = (ids >= 0) & (ids < num_experts)        # others route nowhere (kernels spec 4.2)
+    safe = jnp.where(valid, ids, 0)
+    tier_of = jnp.asarray(expert_tier, jnp.int32)[safe]                           # [T, k]
     slot_of = jnp.asarray(expert_slot, jnp.int32)[safe]
+    dense = dense if dense is not None else (None,) * len(tiers)
     out = None
-    for t, (w13, down) in enumerate(tiers):
-        local = jnp.where(valid & (tier_of == t), slot_of, -1)
-        y = moe(x, local, weights, w13, down, x_scale=x_scale, backend=backend)
+    for t, ((w13, down), cached) in enumerate(zip(tiers, dense, strict=True)):
+        local = jnp.where(valid & (tier_of == t), slot_of, -1)                    # [T, k]
+        y = moe(x, local, weights, w13, down, x_scale=x_scale, dense=cached, backend=backend)
         out = y if out is None else out + y
     return out

@@ -38,12 +38,30 @@ HEAD_BITS = 6
 CODEBOOK = "mcg"
 MODE = "fast"
 CALIBRATION_SEQ_LEN = 256
-MODEL_DIR = f"SmolLM2-135M-Instruct-exl3-{BITS}bpw-h{HEAD_BITS}-{CODEBOOK}-{MODE}"
+# Calibration text sets (files in DATA_DIR, concatenated in this order). "hand" is the hand-written
+# set alone (about 1.6k tokens); "self" adds text the source model generated itself
+# (scripts/make_calibration.py), for better-conditioned Hessians.
+CALIBRATION_SETS = {"hand": ("calibration.txt",),
+                    "self": ("calibration.txt", "calibration_generated.txt")}
+CALIBRATION = "self"
 
 
-def model_dir_name(bits: float = BITS) -> str:
-    """Cache directory name of the default recipe at ``bits`` per body weight."""
-    return MODEL_DIR.replace(f"-{BITS}bpw-", f"-{bits:g}bpw-")
+def model_dir_name(bits: float = BITS, mode: str = MODE, calibration: str = CALIBRATION) -> str:
+    """Cache directory name of the default recipe (other bit rates, encoder modes and calibration
+    sets are built for quality comparisons; each has its own name)."""
+    return (f"SmolLM2-135M-Instruct-exl3-{bits:g}bpw-h{HEAD_BITS}-{CODEBOOK}-{mode}"
+            f"-cal{calibration}")
+
+
+def calibration_text(calibration: str = CALIBRATION) -> str:
+    """The shipped calibration text of a named set (see CALIBRATION_SETS)."""
+    if calibration not in CALIBRATION_SETS:
+        raise ValueError(f"unknown calibration set {calibration!r}; "
+                         f"expected one of {sorted(CALIBRATION_SETS)}")
+    return "\n\n".join((DATA_DIR / name).read_text(encoding="utf-8").strip()
+                       for name in CALIBRATION_SETS[calibration]) + "\n"
+
+
 SOURCE_DIR = "SmolLM2-135M-Instruct-hf"
 
 
@@ -142,32 +160,33 @@ def source_model(root: Path | None = None, *, log: Callable[[str], None] = print
     return out
 
 
-def ensure_default_model(root: Path | None = None, *, bits: float = BITS, progress=None,
+def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: str = MODE,
+                         calibration: str = CALIBRATION, progress=None,
                          log: Callable[[str], None] = print, keep_source: bool = True) -> Path:
     """The default EXL3 model directory, built on first use and rebuilt when partial or corrupt.
 
     The build: fetch the GGUF (``fetch_gguf``), import it (``source_model``), capture Hessians
-    layer by layer on the shipped calibration text (exl3_jax/data/calibration.txt) and quantize
-    with ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE above; the encoder mode is recorded in
+    layer by layer on the shipped calibration text (``calibration_text``) and quantize with
+    ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE above; the encoder mode is recorded in
     quantization_config.json). The manifest is written last. ``progress`` is a
     ``convert.Progress`` (e.g. ``RichProgress()``); ``keep_source=False`` removes the 0.5 GB
-    unquantized import afterwards. ``bits`` builds the same recipe at another body bit rate (for
-    quality comparisons), cached under its own directory name.
+    unquantized import afterwards. ``bits``, ``mode`` and ``calibration`` build a variant of the
+    recipe (for quality comparisons), cached under its own directory name.
     """
     from .calibrate import load_calibration
     from .convert import convert_hf
 
     root = cache_root() if root is None else root
-    out = root / model_dir_name(bits)
+    text = calibration_text(calibration)
+    out = root / model_dir_name(bits, mode, calibration)
     problem = check_manifest(out) if out.exists() else "not built yet"
     if problem is None:
         return out
     log(f"building the default model {out} ({problem}); this runs once ...")
     source = source_model(root, log=log)
-    text = (DATA_DIR / "calibration.txt").read_text(encoding="utf-8")
-    calibration = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
-    convert_hf(source, out, bits=bits, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=MODE,
-               hessians=calibration, progress=progress, overwrite=True)
+    hessians = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
+    convert_hf(source, out, bits=bits, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=mode,
+               hessians=hessians, progress=progress, overwrite=True)
     write_manifest(out)
     if not keep_source:
         shutil.rmtree(root / SOURCE_DIR, ignore_errors=True)

@@ -12,7 +12,6 @@ numpy float32/float64 for the linear algebra; the tile encoder is the JAX Viterb
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -162,12 +161,6 @@ class QuantizeInfo:
     out_scales_applied: bool
 
 
-def search_reduce_bits(K: float) -> int:
-    """Dropped edge bits of the fast mode's global-scale search: up to 4 (the search only ranks
-    candidate scales; it encodes ~0.6x as many tiles as the weight itself has)."""
-    return max(0, min(4, 16 - 2 * math.ceil(K)))
-
-
 def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | None = None,
                     h_count: int = 0, *, seed: int | Sequence[int] = 0, mode: str = "exact",
                     out_scales: str = "always", hessian_scales: bool = False,
@@ -184,7 +177,7 @@ def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | 
       seed: RNG seed (int or ints, as np.random.default_rng takes) of the sign flips (the
         reference seeds with the module index; linears sharing an input share su_sign = the seed).
       mode: encoder mode, "exact" or "fast" (the global-scale search always uses "fast": it only
-        ranks candidate scales; in "fast" it also prunes pass 2, see ``search_reduce_bits``).
+        ranks candidate scales).
       out_scales: "always" | "never" | "auto".
       hessian_scales: False (the reference): LDLQ and the proxy error use H rotated with the
         input signs only. True: with the full input scales su, i.e. W_r's actual Hessian; this
@@ -210,9 +203,7 @@ def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | 
                                    su_sign)
 
     def search_quantize(tiles):
-        # in the fast mode the search ranks its scales with a cheaper, pruned pass 2 as well
-        r = search_reduce_bits(K) if mode == "fast" else None
-        return encode_tiles(tiles, K, codebook, mode="fast", reduce_bits=r, progress=progress)[1]
+        return encode_tiles(tiles, K, codebook, mode="fast", progress=progress)[1]
 
     def encode(tiles):
         return encode_tiles(tiles, K, codebook, mode=mode, progress=progress)
