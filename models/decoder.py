@@ -15,9 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from exl3_jax.format import MissingTensorError
-from exl3_jax.nn import (Attention, Embedding, Exl3Experts, Exl3Linear, GatedMLP, KVCache, MoEBlock,
-                         RMSNorm,
-                         advance, exl3_forward, init_cache, resolve_dtype, routed_experts)
+from exl3_jax.nn import (Attention, Embedding, Exl3Experts, Exl3Linear, GatedMLP, KVCache,
+                         MoEBlock, RMSNorm, advance, exl3_forward, init_cache, resolve_dtype,
+                         routed_experts)
 
 from .config import ModelConfig
 from .weights import WeightSource

@@ -31,6 +31,7 @@ from exl3_jax.quant import default_model as dm
 from exl3_jax.tokenizer import Tokenizer
 
 TEXT = dm.DATA_DIR / "kjv_eval.txt"
+DEFAULT_VARIANT = (float(dm.BITS), dm.MODE, dm.CALIBRATION)
 
 
 def parse_variant(text: str) -> tuple[float, str, str]:
@@ -44,6 +45,11 @@ def parse_variant(text: str) -> tuple[float, str, str]:
     if calibration not in dm.CALIBRATION_SETS:
         raise argparse.ArgumentTypeError(f"unknown calibration set {calibration!r}")
     return bits, mode, calibration
+
+
+def variant_name(variant: tuple[float, str, str]) -> str:
+    """Row name of a recipe variant: its cache directory name without the model prefix."""
+    return dm.model_dir_name(*variant).removeprefix("SmolLM2-135M-Instruct-exl3-")
 
 
 def build_variant(variant: tuple[float, str, str], root: Path) -> tuple[Path, float | None]:
@@ -78,12 +84,12 @@ def main() -> int:
     source = dm.source_model(root)
     ids = Tokenizer.from_dir(source).encode(TEXT.read_text(encoding="utf-8"))
 
-    default = (float(dm.BITS), dm.MODE, dm.CALIBRATION)
     rows = {"unquantized": model_ppl(source, ids, a.ctx, a.dtype)}
+    rows["unquantized"]["ratio_to_unquantized"] = 1.0
     out_path = Path(a.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    for variant in dict.fromkeys([default, *a.variant]):     # in order, without repeats
-        name = dm.model_dir_name(*variant).removeprefix("SmolLM2-135M-Instruct-exl3-")
+    for variant in dict.fromkeys([DEFAULT_VARIANT, *a.variant]):     # in order, without repeats
+        name = variant_name(variant)
         directory, seconds = build_variant(variant, root)
         rows[name] = model_ppl(directory, ids, a.ctx, a.dtype)
         rows[name]["build_seconds"] = None if seconds is None else round(seconds, 1)
@@ -98,8 +104,7 @@ def main() -> int:
 
 
 def document(a, ids, rows: dict, load_start) -> dict:
-    rows["unquantized"]["ratio_to_unquantized"] = 1.0
-    default = rows.get(dm.model_dir_name().removeprefix("SmolLM2-135M-Instruct-exl3-"))
+    default = rows.get(variant_name(DEFAULT_VARIANT))
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
            "command": "python scripts/eval_default_quality.py " + " ".join(
                [f"--variant {b:g}:{m}:{c}" for b, m, c in a.variant]

@@ -3,8 +3,8 @@
 from .attention import Attention, KVCache, advance, gqa_attention, init_cache
 from .linear import Embedding, Exl3Linear, Linear, dequantize_weight, exl3_forward
 from .mlp import GatedMLP
-from .moe import (ROUTERS, Exl3Experts, MoEBlock, PlainExperts, TieredExl3Experts, routed_experts, route_sigmoid_topk,
-                  route_softmax_topk)
+from .moe import (ROUTERS, Exl3Experts, MoEBlock, PlainExperts, TieredExl3Experts,
+                  route_sigmoid_topk, route_softmax_topk, routed_experts)
 from .norm import RMSNorm, rms_norm
 from .numerics import ACTIVATION_DTYPES, F16_MAX, fp16_operand, resolve_dtype
 from .rope import RopeConfig, apply_rope

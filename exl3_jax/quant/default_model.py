@@ -177,11 +177,11 @@ def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: 
     from .convert import convert_hf
 
     root = cache_root() if root is None else root
-    text = calibration_text(calibration)
     out = root / model_dir_name(bits, mode, calibration)
     problem = check_manifest(out) if out.exists() else "not built yet"
     if problem is None:
         return out
+    text = calibration_text(calibration)       # read (and the set name checked) before any work
     log(f"building the default model {out} ({problem}); this runs once ...")
     source = source_model(root, log=log)
     hessians = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
