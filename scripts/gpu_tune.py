@@ -1,6 +1,9 @@
 """Time the Trellis GEMM's pieces and plan variants on a GPU (tuning aid; results in bench/NOTES.md).
 
   python scripts/gpu_tune.py --out tune.json [--budget-s 200]
+  python scripts/gpu_tune.py --sweep [--shapes 8192x28672,...] [--m 1,16] [--configs 4mcg,4mul1]
+      --out sweep.json    decode-plan grid: the full op (both Hadamard kernels included, so the
+                          cost of more K-split partials counts) for splits x n_tiles x warps
 
 Per shape / codebook / m: the full op (Hadamard kernels + decode kernel), the same with jnp
 transforms, the decode kernel alone for variants of its plan (unroll, n_tiles, warps, splits),
@@ -94,19 +97,65 @@ def prefill_rows(k, n, cb, K, m):
     return row
 
 
+def sweep_rows(k, n, cb, K, m, deadline):
+    """The full decode op for every valid (splits, n_tiles, warps) around the plan's unroll."""
+    w = gb.random_weight(k, n, K, cb)
+    base = select_plan(m, k, n)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
+    row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(base),
+           "full_us": {}}
+    for warps, n_tiles in ((8, 1), (8, 2), (4, 2)):
+        for splits in (1, 2, 4, 8, 16):
+            if time.time() > deadline:
+                return row
+            per_warp = k // 16 // splits // warps
+            if (n // 16) % n_tiles or (k // 16) % splits or per_warp < 1:
+                continue
+            unroll = next(u for u in (base.unroll, 4, 2, 1) if per_warp % u == 0)
+            p = dataclasses.replace(base, splits=splits, n_tiles=n_tiles, warps=warps,
+                                    unroll=unroll)
+            row["full_us"][f"w{warps}_nt{n_tiles}_s{splits}_u{unroll}"] = us(
+                lambda x, w: tg.trellis_matmul_gpu(x, w, plan=p), (x, w), m, k, n)
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=200)
+    p.add_argument("--sweep", action="store_true", help="decode-plan grid (see the docstring)")
+    p.add_argument("--shapes", default="8192x28672,4096x14336,14336x4096,4096x4096,4096x1024")
+    p.add_argument("--m", default="1")
+    p.add_argument("--configs", default="4mcg,4mul1", help="K and codebook, e.g. 3mcg,4mul1")
     a = p.parse_args(argv)
     t0 = time.time()
     deadline = t0 + a.budget_s
-    result = {"versions": gb.versions(), "decode": [], "prefill": []}
+    result = {"versions": gb.versions(), "decode": [], "prefill": [], "sweep": []}
 
     def save():
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=1, default=str)
+
+    if a.sweep:
+        for shape in a.shapes.split(","):
+            k, n = map(int, shape.split("x"))
+            for conf in a.configs.split(","):
+                K, cb = int(conf[0]), conf[1:]
+                for m in map(int, a.m.split(",")):
+                    if time.time() > deadline:
+                        break
+                    r = sweep_rows(k, n, cb, K, m, deadline)
+                    result["sweep"].append(r)
+                    best = min((v, kk) for kk, v in r["full_us"].items()
+                               if isinstance(v, float))
+                    print(f"{shape} K{K} {cb} m={m}: plan {r['plan']['splits']}/"
+                          f"{r['plan']['n_tiles']}/{r['plan']['warps']} best {best}",
+                          json.dumps(r["full_us"]), flush=True)
+                    save()
+        result["seconds"] = time.time() - t0
+        save()
+        return 0
 
     for (k, n) in ((4096, 14336), (8192, 28672)):
         for cb, K in (("mcg", 3), ("mul1", 4)):

@@ -111,11 +111,31 @@ def test_plan_forcing_and_errors(monkeypatch):
     assert tg.plan_for(4, w).kind == "decode"
 
 
-def test_plan_splits_fill_the_gpu():
-    p = plans.select_plan(1, 4096, 4096, sms=132)
-    assert (4096 // 16 // p.n_tiles) * p.splits >= 132
-    # Few CTAs along n -> split K; many -> no split.
-    assert plans.select_plan(1, 8192, 28672).splits <= plans.select_plan(1, 8192, 2048).splits
+@pytest.mark.parametrize("k,n", [(8192, 28672), (4096, 14336), (14336, 4096), (4096, 4096),
+                                 (4096, 1024), (2048, 512), (2048, 151936)])
+def test_plan_splits_balance_cta_work(k, n):
+    """Each CTA gets at most TILES_PER_CTA weight tiles per token group (up to 2 groups) when a
+    split allows it, the grid has >= MIN_CTAS CTAs where splitting can get there, and the split
+    is the smallest such one (fewest fp32 partials)."""
+    k16, n16 = k // 16, n // 16
+    for m in (1, 8, 16, 32):
+        p = plans.select_plan(m, k, n)
+        groups = min(p.m_tile // 8, 2)
+        per_cta = k16 // p.splits * p.n_tiles
+        ctas = n16 // p.n_tiles * p.splits
+        allowed = [s for s in range(1, plans.MAX_SPLITS + 1)
+                   if k16 % s == 0 and k16 // s >= 2 * p.warps]
+        fits = [s for s in allowed
+                if k16 // s * p.n_tiles <= plans.TILES_PER_CTA * groups
+                and n16 // p.n_tiles * s >= min(plans.MIN_CTAS, n16 // p.n_tiles * allowed[-1])]
+        assert p.splits == (fits[0] if fits else allowed[-1]), (m, p)
+        if fits:
+            assert per_cta <= plans.TILES_PER_CTA * groups
+            assert ctas >= min(plans.MIN_CTAS, n16 // p.n_tiles * allowed[-1])
+    # The H200 measurements behind the rule (bench/results/gpu_plan_sweep_h200_2026-12-03.json).
+    assert plans.select_plan(1, 8192, 28672).splits == 8
+    assert plans.select_plan(16, 8192, 28672).splits == 4
+    assert plans.select_plan(1, 4096, 1024).splits == 8
 
 
 # --- plumbing with emulated kernels --------------------------------------------------------
@@ -203,7 +223,7 @@ COMPILE_CASES = [
     ("mcg", 5, 7, "decode"), ("3inst", 6, 40, "prefill"), ("mul1", 7, 2, "decode"),
     ("mcg", 8, 64, "prefill"), ("mul1", 2.5, 1, "decode"), ("mul1", 3.5, 33, "prefill"),
     ("3inst", 4, 128, "prefill"), ("mcg", 2, 100, "prefill"), ("mul1", 3, 24, "decode"),
-    ("mul1", 4, 1, "decode", 4096, 8192), ("mcg", 3, 8, "decode", 4096, 4096),
+    ("mul1", 4, 1, "decode", 4096, 8192), ("mcg", 3, 8, "decode", 4096, 1024),
 ]
 
 

@@ -18,6 +18,9 @@ import dataclasses
 
 DECODE_MAX_M = 32
 DEFAULT_SMS = 132          # H200
+TILES_PER_CTA = 128        # decode plan: weight tiles per CTA and token group (see decode_plan)
+MIN_CTAS = 256             # decode plan: smallest grid worth splitting K for
+MAX_SPLITS = 16
 PLAN_KINDS = ("decode", "prefill")
 
 
@@ -49,16 +52,17 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPla
     n_tiles = 2 if n16 % 2 == 0 else 1
     warps = 8 if k16 >= 16 else k16 // 2       # k = 128 has only 8 k16 tiles
     ctas = n16 // n_tiles
-    # Enough CTAs for ~4 resident per SM (32 warps/SM hide the global-load latency), but keep
-    # >= 2 k16 tiles per warp per split and few splits (each adds an fp32 [m, n] partial).
-    target = 4 * sms
-    splits = 1
-    for s in _divisors(k16):
-        if s > 16 or k16 // s < 2 * warps:
-            break
-        splits = s
-        if ctas * s >= target:
-            break
+    # K-splits, measured on the H200 (bench/results/gpu_plan_sweep_h200_2026-12-03.json, 8
+    # shapes, m = 1 and 16): the fastest split leaves each CTA about TILES_PER_CTA weight tiles
+    # per token group (k16 tiles per split x n_tiles; m = 17..32 not measured, held at the
+    # m = 16 size) in a grid of at least MIN_CTAS CTAs.
+    # Longer CTAs leave a tail in the last wave (8192x28672, 1 split: 896 CTAs = 1.13 waves at
+    # 6 CTAs/SM, 117 us; 8 splits: 82 us); shorter ones pay the warp fold and the fp32
+    # partials once more per split. Each split keeps >= 2 k16 tiles per warp.
+    allowed = [s for s in _divisors(k16) if s <= MAX_SPLITS and k16 // s >= 2 * warps]
+    splits = next((s for s in allowed
+                   if (k16 // s) * n_tiles <= TILES_PER_CTA * min(m_tile // 8, 2)
+                   and ctas * s >= min(MIN_CTAS, ctas * allowed[-1])), allowed[-1])
     # Loads of `unroll` k16 steps are issued together (memory-level parallelism); it must divide
     # each warp's share of the split.
     # Measured on the H200 (bench/NOTES.md): 8 steps per chunk is best with one token group,
