@@ -28,6 +28,7 @@ import numpy as np
 from exl3_jax.generate import perplexity
 from exl3_jax.models import load_model
 from exl3_jax.quant import default_model as dm
+from exl3_jax.quant.convert import RichProgress
 from exl3_jax.tokenizer import Tokenizer
 
 TEXT = dm.DATA_DIR / "kjv_eval.txt"
@@ -58,7 +59,8 @@ def build_variant(variant: tuple[float, str, str], root: Path) -> tuple[Path, fl
     out = root / dm.model_dir_name(bits, mode, calibration)
     cached = out.exists() and dm.check_manifest(out) is None
     t0 = time.perf_counter()
-    out = dm.ensure_default_model(root, bits=bits, mode=mode, calibration=calibration)
+    out = dm.ensure_default_model(root, bits=bits, mode=mode, calibration=calibration,
+                                  progress=RichProgress())
     return out, None if cached else time.perf_counter() - t0
 
 

@@ -330,3 +330,29 @@ def test_missing_or_corrupt_config(tmp_path, rng):
         Exl3Checkpoint(d)
     with pytest.raises(MissingFileError):
         Exl3Checkpoint(tmp_path / "nowhere")
+
+
+def test_staging_dir_removes_only_what_killed_runs_left(tmp_path):
+    """Staging directories carry their owner's PID: a new build removes those of processes that
+    are gone (and PID-less legacy ones older than a day), never a live build's directory."""
+    import subprocess
+    import time
+
+    from exl3_jax.format import staging_dir
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    dest = tmp_path / "model"
+    killed = tmp_path / f".model.partial-{dead.pid}-abc123"
+    live = tmp_path / f".model.partial-{os.getpid()}-def456"
+    legacy_old = tmp_path / ".model.partial-q1w2e3"
+    legacy_new = tmp_path / ".model.partial-r4t5y6"
+    other = tmp_path / f".other.partial-{dead.pid}-zzz"
+    for d in (killed, live, legacy_old, legacy_new, other):
+        (d / "sub").mkdir(parents=True)
+    day_ago = time.time() - 2 * 24 * 3600
+    os.utime(legacy_old, (day_ago, day_ago))
+    stage = staging_dir(dest)
+    assert stage.name.startswith(f".model.partial-{os.getpid()}-") and stage.is_dir()
+    assert oct(stage.stat().st_mode & 0o777) == "0o755"
+    assert not killed.exists() and not legacy_old.exists()
+    assert live.exists() and legacy_new.exists() and other.exists() and not dest.exists()

@@ -186,3 +186,25 @@ def test_failed_conversion_leaves_nothing(tmp_path, rng):
     with pytest.raises(RuntimeError, match="calibration failed"):
         convert_hf(src, out, bits=2, hessians=Broken(rng, 64))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_rich_progress_prints_a_line_per_layer_off_terminal(tmp_path, rng):
+    """Piped to a file (no terminal, no notebook) rich draws no live bars: the progress sink
+    then prints one line per finished layer, and the last one reports every tile done."""
+    import io
+
+    from rich.console import Console
+
+    from exl3_jax.quant.convert import RichProgress
+    buf = io.StringIO()
+    progress = RichProgress(console=Console(file=buf, force_terminal=False,
+                                            force_jupyter=False, width=200))
+    src, out = tmp_path / "hf", tmp_path / "exl3"
+    write_tiny_model(src, rng, hidden=64, mlp=False, kv=False, vocab=64)
+    convert_hf(src, out, bits=2, head_bits=2, mode="fast", progress=progress)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("layer ")]
+    total = int(lines[0].split()[1].split("/")[1])
+    assert [int(ln.split()[1].split("/")[0]) for ln in lines] == list(range(1, total + 1))
+    done, all_tiles = lines[-1].split(": ")[1].split()[0].split("/")
+    assert 0 < int(done) <= int(all_tiles)
+    assert "eta" in lines[-1]

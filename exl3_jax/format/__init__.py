@@ -11,12 +11,12 @@ from .rank_sliced import (RankSlicedCheckpoint, RankSlicedConfigError,
 from .reader import EmbeddingInfo, Exl3Checkpoint, TensorStore, read_json
 from .spec import (CODEBOOKS, HALF_RATES, INTEGER_RATES, MCG_MULTIPLIER, MUL1_MULTIPLIER,
                    LinearInfo, marker_as_int32, rate_from_width, width_from_rate)
-from .writer import Exl3Writer
+from .writer import Exl3Writer, staging_dir
 
 __all__ = [
     "CODEBOOKS", "HALF_RATES", "INTEGER_RATES", "MCG_MULTIPLIER", "MUL1_MULTIPLIER",
     "CodebookMarkerError", "CorruptFileError", "EmbeddingInfo", "Exl3Checkpoint",
     "Exl3FormatError", "Exl3Writer", "LinearInfo", "MissingFileError", "MissingTensorError",
     "TensorDtypeError", "TensorShapeError", "TensorStore", "UnsupportedQuantMethodError",
-    "marker_as_int32", "rate_from_width", "read_json", "width_from_rate",
+    "marker_as_int32", "rate_from_width", "read_json", "staging_dir", "width_from_rate",
 ]

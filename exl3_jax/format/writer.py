@@ -8,10 +8,12 @@ bounded by the shard size.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,6 +25,47 @@ from .errors import Exl3FormatError, TensorDtypeError
 from .reader import INDEX_FILE, tensor_desc_of
 
 EXL3_JAX_FORMAT_VERSION = "exl3-jax-0.1"
+LEGACY_STAGE_MAX_AGE_S = 24 * 3600
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # someone else's live process
+        return True
+    return True
+
+
+def _stale_stage(path: Path, prefix: str) -> bool:
+    """Whether a staging directory was left by a run that is gone."""
+    rest = path.name[len(prefix):]
+    owner, sep, _ = rest.partition("-")
+    if sep and owner.isdigit():
+        return not _pid_alive(int(owner))
+    return time.time() - path.stat().st_mtime > LEGACY_STAGE_MAX_AGE_S
+
+
+def staging_dir(destination: str | os.PathLike) -> Path:
+    """A fresh hidden directory next to ``destination`` to build it in, renamed into place when
+    complete: ``.NAME.partial-PID-XXXXXXXX`` (mode 0755).
+
+    Staging directories of the same destination left by killed runs are removed first: those
+    whose owner process (the PID in the name) no longer exists on this host, and unnamed ones
+    from older versions once they are a day old. A live build's directory is never touched."""
+    dest = Path(destination)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{dest.name}.partial-"
+    for old in dest.parent.glob(glob.escape(prefix) + "*"):
+        try:
+            if old.is_dir() and _stale_stage(old, prefix):
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:              # vanished meanwhile (another process cleaned it up)
+            continue
+    stage = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=dest.parent))
+    os.chmod(stage, 0o755)           # mkdtemp makes 0700; the result is an ordinary directory
+    return stage
 
 
 class Exl3Writer:
@@ -47,9 +90,7 @@ class Exl3Writer:
         self.config = dict(config)
         self.overwrite = overwrite
         self.max_shard_bytes = max_shard_bytes
-        self._stage = Path(tempfile.mkdtemp(prefix=f".{self.directory.name}.partial-",
-                                            dir=self.directory.parent))
-        os.chmod(self._stage, 0o755)    # mkdtemp makes 0700; the result is an ordinary directory
+        self._stage = staging_dir(self.directory)
         self._pending: dict[str, np.ndarray] = {}
         self._pending_bytes = 0
         self._shards: list[tuple[str, list[str]]] = []     # (temp file name, tensor names)

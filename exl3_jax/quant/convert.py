@@ -154,21 +154,36 @@ class NullProgress:
 
 
 class RichProgress:
-    """Two bars (layers; tiles with rate and ETA) on the terminal, via rich."""
+    """Two bars (layers; tiles with rate and ETA) on a terminal or in a notebook, via rich.
 
-    def __init__(self):
+    Elsewhere (output piped to a log file or a CI job) rich draws no live bars, so each finished
+    layer prints one line instead: layers and tiles done, elapsed time and ETA."""
+
+    def __init__(self, console=None):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
         self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+                             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                             console=console)
+        console = self._bar.console
+        self._live = console.is_terminal or console.is_jupyter
 
     def start(self, layers, tiles):
+        self._t0 = time.perf_counter()
         self._bar.start()
         self._layers = self._bar.add_task("layers", total=layers)
         self._tiles = self._bar.add_task("tiles ", total=tiles)
 
     def layer(self, name):
         self._bar.update(self._layers, advance=1, description=f"layers ({name})")
+        if not self._live:
+            layers, tiles = (self._bar.tasks[t] for t in (self._layers, self._tiles))
+            elapsed = time.perf_counter() - self._t0
+            eta = elapsed * (tiles.total - tiles.completed) / max(tiles.completed, 1)
+            self._bar.console.print(
+                f"layer {int(layers.completed)}/{int(layers.total)} ({name}): "
+                f"{int(tiles.completed)}/{int(tiles.total)} tiles, {elapsed:.0f} s, "
+                f"eta {eta:.0f} s", highlight=False)
 
     def tiles(self, n):
         self._bar.update(self._tiles, advance=n)

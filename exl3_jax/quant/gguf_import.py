@@ -13,11 +13,12 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..format import staging_dir
 
 # llama.cpp block tensor name -> HF name inside model.layers.{i}
 _LAYER_NAMES = {
@@ -182,8 +183,7 @@ def gguf_to_hf_directory(gguf_path: str | os.PathLike, out_dir: str | os.PathLik
         raise FileExistsError(f"{out} exists (pass overwrite=True to replace it)")
     model = read_llama_gguf(gguf_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    os.chmod(stage, 0o755)          # mkdtemp makes 0700; the result is an ordinary directory
+    stage = staging_dir(out)
     try:
         save_file(model["tensors"], str(stage / "model.safetensors"), metadata={"format": "pt"})
         (stage / "config.json").write_text(json.dumps(model["config"], indent=2))

@@ -24,13 +24,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ..format import Exl3Checkpoint, Exl3Writer, TensorStore, read_json
+from ..format import Exl3Checkpoint, Exl3Writer, TensorStore, read_json, staging_dir
 from .convert import SIDE_FILES, convert_hf
 
 SOURCE_ARCHITECTURE = "LlamaForCausalLM"
@@ -210,8 +209,7 @@ def upcycle_hf(source: str | Path, output: str | Path, *, num_experts: int = 8, 
     cfg["upcycle"] = _upcycle_meta(source, num_experts, top_k, seed, float(noise))
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-    os.chmod(stage, 0o755)
+    stage = staging_dir(output)
     try:
         hf_dir = stage / "hf" if bits is not None else stage
         hf_dir.mkdir(exist_ok=True)
