@@ -136,6 +136,8 @@ def test_plan_splits_balance_cta_work(k, n):
     assert plans.select_plan(1, 8192, 28672).splits == 8
     assert plans.select_plan(16, 8192, 28672).splits == 4
     assert plans.select_plan(1, 4096, 1024).splits == 8
+    # A GPU with twice the SMs wants twice the CTAs before it stops splitting K.
+    assert plans.select_plan(1, 4096, 1024, sms=2 * plans.DEFAULT_SMS).splits == 16
 
 
 # --- plumbing with emulated kernels --------------------------------------------------------

@@ -86,7 +86,6 @@ class Exl3Writer:
         self.directory = Path(directory)
         if self.directory.exists() and not overwrite:
             raise FileExistsError(f"{self.directory} exists (pass overwrite=True to replace it)")
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
         self.config = dict(config)
         self.overwrite = overwrite
         self.max_shard_bytes = max_shard_bytes

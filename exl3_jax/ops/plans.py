@@ -19,7 +19,7 @@ import dataclasses
 DECODE_MAX_M = 32
 DEFAULT_SMS = 132          # H200
 TILES_PER_CTA = 128        # decode plan: weight tiles per CTA and token group (see decode_plan)
-MIN_CTAS = 256             # decode plan: smallest grid worth splitting K for
+MIN_CTAS = 256             # decode plan: smallest grid worth splitting K for, on DEFAULT_SMS SMs
 MAX_SPLITS = 16
 PLAN_KINDS = ("decode", "prefill")
 
@@ -59,10 +59,12 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPla
     # Longer CTAs leave a tail in the last wave (8192x28672, 1 split: 896 CTAs = 1.13 waves at
     # 6 CTAs/SM, 117 us; 8 splits: 82 us); shorter ones pay the warp fold and the fp32
     # partials once more per split. Each split keeps >= 2 k16 tiles per warp.
+    # The grid bound scales with the device's SM count (measured on the H200's 132).
+    min_ctas = MIN_CTAS * sms // DEFAULT_SMS
     allowed = [s for s in _divisors(k16) if s <= MAX_SPLITS and k16 // s >= 2 * warps]
     splits = next((s for s in allowed
                    if (k16 // s) * n_tiles <= TILES_PER_CTA * min(m_tile // 8, 2)
-                   and ctas * s >= min(MIN_CTAS, ctas * allowed[-1])), allowed[-1])
+                   and ctas * s >= min(min_ctas, ctas * allowed[-1])), allowed[-1])
     # Loads of `unroll` k16 steps are issued together (memory-level parallelism); it must divide
     # each warp's share of the split.
     # Measured on the H200 (bench/NOTES.md): 8 steps per chunk is best with one token group,

@@ -182,7 +182,6 @@ def gguf_to_hf_directory(gguf_path: str | os.PathLike, out_dir: str | os.PathLik
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists (pass overwrite=True to replace it)")
     model = read_llama_gguf(gguf_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     stage = staging_dir(out)
     try:
         save_file(model["tensors"], str(stage / "model.safetensors"), metadata={"format": "pt"})

@@ -208,7 +208,6 @@ def upcycle_hf(source: str | Path, output: str | Path, *, num_experts: int = 8, 
     cfg = moe_config(config, num_experts=num_experts, top_k=top_k)
     cfg["upcycle"] = _upcycle_meta(source, num_experts, top_k, seed, float(noise))
 
-    output.parent.mkdir(parents=True, exist_ok=True)
     stage = staging_dir(output)
     try:
         hf_dir = stage / "hf" if bits is not None else stage
