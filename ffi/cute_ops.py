@@ -108,16 +108,36 @@ def load_tile_words(tw, tile_base, funnels, geo: LaneGeometry):
 def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
     """This lane's 4 f16x2 registers of one tile, in element order ((e0,e1), (e2,e3), (e4,e5),
     (e6,e7)), from the words of ``load_tile_words``. Each state is one 64-bit funnel shift
-    (SHF.R.U64) and a 16-bit mask."""
+    (SHF.R.U64) and a 16-bit mask, or, where the shifts are the same for every lane (K = 4, 8),
+    one instruction on a shared 32-bit base word (``LaneGeometry.extraction``)."""
     states = []
     for gi in range(geo.groups):
         hi, lo = words[gi]
-        sh0 = funnels[gi][2]
         merged = (Uint64(hi) << Uint64(32)) | Uint64(lo)
-        for q in range(geo.group):
-            sh = Uint64(sh0 - geo.offsets[q])
-            states.append(Uint32(merged >> sh) & Uint32(0xFFFF))
+        plan = geo.extraction(gi)
+        if plan is None:          # the shift depends on the lane: one funnel + mask per state
+            sh0 = funnels[gi][2]
+            for q in range(geo.group):
+                sh = Uint64(sh0 - geo.offsets[q])
+                states.append(Uint32(merged >> sh) & Uint32(0xFFFF))
+            continue
+        # Compile-time shifts (K = 4, 8): a few 32-bit base words, one instruction per state.
+        bases, parts = plan
+        base = {b: Uint32(lo) if b == 0 else Uint32(merged >> Uint64(b)) for b in bases}
+        for b, part in parts:
+            r = base[b]
+            states.append(r & Uint32(0xFFFF) if part == 0 else
+                          r >> Uint32(16) if part == 16 else byte_window(r))
     return [decode_pair(states[2 * p], states[2 * p + 1], codebook) for p in range(4)]
+
+
+@dsl_user_op
+def byte_window(r, *, loc=None, ip=None) -> Uint32:
+    """(r >> 8) & 0xFFFF as one byte permute against zero (prmt selector 0x4421)."""
+    res = llvm.inline_asm(
+        T.i32(), [Uint32(r).ir_value(loc=loc, ip=ip)], "prmt.b32 $0, $1, 0, 0x4421;", "=r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Uint32(res)
 
 
 def cta_thread_ids():

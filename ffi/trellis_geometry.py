@@ -40,10 +40,35 @@ class LaneGeometry:
     lane_stride: int      # S(8(l+1) + c) - S(8l + c): bits per lane (8K, or 8KA + 4)
     group_base: tuple     # S(gi * group) for gi in groups, i.e. S(t_first) at lane 0
     offsets: tuple        # S(t_first + q) - S(t_first), q < group (same for every group)
+    const_shift0: tuple = ()  # per group: sh0 when it is the same for every lane, else None
 
     @property
     def groups(self) -> int:
         return CODES_PER_LANE // self.group
+
+    def extraction(self, gi: int):
+        """Compile-time extraction plan of group gi, or None if its shifts depend on the lane.
+
+        Returns (bases, parts): ``bases`` are the right shifts b of 32-bit words
+        r_b = (funnel >> b) mod 2^32 that the group needs (b = 0 is the low ring word itself, no
+        instruction); element q's state is ``(r_b >> part) & 0xFFFF`` with (b, part) =
+        parts[q] and part in {0, 8, 16}, one instruction each (a mask, a byte permute against
+        zero, a 16-bit right shift) instead of a 64-bit funnel shift plus a mask per element.
+        With K = 4 (one funnel of 8 codes at shifts 28, 24, ..., 0) that is 3 funnel shifts + 8
+        = 11 instructions for 8 states instead of 16."""
+        sh0 = self.const_shift0[gi] if self.const_shift0 else None
+        if sh0 is None:
+            return None
+        shifts = [sh0 - off for off in self.offsets]
+        bases: list[int] = []
+        part_of: dict[int, tuple[int, int]] = {}
+        for s in sorted(shifts):             # ascending: a base serves s, s + 8 and s + 16
+            b = next((b for b in bases if s - b in (0, 8, 16)), None)
+            if b is None:
+                b = s
+                bases.append(b)
+            part_of[s] = (b, s - b)
+        return tuple(bases), tuple(part_of[s] for s in shifts)
 
 
 def end_bit(t, K):
@@ -80,7 +105,11 @@ def lane_geometry(K) -> LaneGeometry:
     geo = LaneGeometry(K=K, words=words, group=group, lane_stride=stride, group_base=base,
                        offsets=offsets)
     _check_lane_invariance(geo)
-    return geo
+    const = []
+    for gi in range(geo.groups):
+        sh0s = {lane_funnel(geo, lane, gi)[2] for lane in range(LANES)}
+        const.append(sh0s.pop() if len(sh0s) == 1 else None)
+    return dataclasses.replace(geo, const_shift0=tuple(const))
 
 
 def _check_lane_invariance(geo: LaneGeometry) -> None:
@@ -119,10 +148,16 @@ def emulate_lane_states(U: np.ndarray, K) -> np.ndarray:
         for gi in range(geo.groups):
             hi, lo, sh0 = lane_funnel(geo, lane, gi)
             merged = (U[..., hi] << np.uint64(32)) | U[..., lo]
+            plan = geo.extraction(gi)
             for q in range(geo.group):
-                sh = np.uint64(sh0 - geo.offsets[q])
                 t = CODES_PER_LANE * lane + gi * geo.group + q
-                out[..., t] = ((merged >> sh) & np.uint64(0xFFFF)).astype(np.uint32)
+                if plan is None:         # lane-dependent shift: 64-bit funnel + mask
+                    sh = np.uint64(sh0 - geo.offsets[q])
+                    out[..., t] = ((merged >> sh) & np.uint64(0xFFFF)).astype(np.uint32)
+                else:                    # 32-bit base word, then mask / byte permute / shift
+                    b, part = plan[1][q]
+                    r = (merged >> np.uint64(b)) & np.uint64(0xFFFFFFFF)
+                    out[..., t] = ((r >> np.uint64(part)) & np.uint64(0xFFFF)).astype(np.uint32)
     return out
 
 
