@@ -71,6 +71,30 @@ def decode_pair(state_a, state_b, codebook: str, *, loc=None, ip=None) -> Uint32
     return Uint32(res)
 
 
+# One state -> one weight, unpacked: for 3inst / mcg the f16 sum lo16 + hi16 is a single HADD2
+# whose operand half-selectors replace the PRMT pair of decode_pair (both halves hold the weight).
+_DECODE_SINGLE_ASM = {
+    cb: "{\n.reg .b32 x;\n.reg .f16 l, h, v;\n" + mul + """
+    lop3.b32 x, x, 0x8FFF8FFF, 0x3B603B60, 0x6A;
+    mov.b32 {l, h}, x;
+    add.rn.f16 v, l, h;
+    mov.b32 $0, {v, v};
+}"""
+    for cb, mul in (("mcg", f"    mul.lo.u32 x, $1, {MCG_MULTIPLIER};"),
+                    ("3inst", f"    mad.lo.u32 x, $1, {THREEINST_MULTIPLIER}, {THREEINST_ADDEND};"))
+}
+SPLIT_PAIR_CODEBOOKS = tuple(_DECODE_SINGLE_ASM)
+
+
+@dsl_user_op
+def decode_single(state, codebook: str, *, loc=None, ip=None) -> Uint32:
+    """Codebook value of one 16-bit state (upper bits zero) in both halves of an f16x2 word."""
+    res = llvm.inline_asm(
+        T.i32(), [Uint32(state).ir_value(loc=loc, ip=ip)], _DECODE_SINGLE_ASM[codebook], "=r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Uint32(res)
+
+
 @dsl_user_op
 def mma_m16n8k16_f16_f32(a, b, c, *, loc=None, ip=None):
     """D = A(16x16 f16, 4 regs) @ B(16x8 f16, 2 regs) + C (4 f32), warp-wide mma.sync."""
@@ -105,11 +129,11 @@ def load_tile_words(tw, tile_base, funnels, geo: LaneGeometry):
     return [(tw[tile_base + hi], tw[tile_base + lo]) for hi, lo, _ in funnels]
 
 
-def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
-    """This lane's 4 f16x2 registers of one tile, in element order ((e0,e1), (e2,e3), (e4,e5),
-    (e6,e7)), from the words of ``load_tile_words``. Each state is one 64-bit funnel shift
-    (SHF.R.U64) and a 16-bit mask, or, where the shifts are the same for every lane (K = 4, 8),
-    one instruction on a shared 32-bit base word (``LaneGeometry.extraction``)."""
+def lane_states(words, funnels, geo: LaneGeometry):
+    """This lane's 8 16-bit states of one tile (element order), from the words of
+    ``load_tile_words``. Each state is one 64-bit funnel shift (SHF.R.U64) and a 16-bit mask,
+    or, where the shifts are the same for every lane (K = 4, 8), one instruction on a shared
+    32-bit base word (``LaneGeometry.extraction``)."""
     states = []
     for gi in range(geo.groups):
         hi, lo = words[gi]
@@ -128,7 +152,20 @@ def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
             r = base[b]
             states.append(r & Uint32(0xFFFF) if part == 0 else
                           r >> Uint32(16) if part == 16 else byte_window(r))
+    return states
+
+
+def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
+    """This lane's 4 f16x2 registers of one tile, in element order ((e0,e1), (e2,e3), (e4,e5),
+    (e6,e7)): two weights packed per register."""
+    states = lane_states(words, funnels, geo)
     return [decode_pair(states[2 * p], states[2 * p + 1], codebook) for p in range(4)]
+
+
+def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
+    """This lane's 8 weights of one tile, one f16x2 register each (element order), the weight in
+    the low half and a finite value in the high half (``decode_single``)."""
+    return [decode_single(s, codebook) for s in lane_states(words, funnels, geo)]
 
 
 @dsl_user_op
@@ -180,5 +217,6 @@ def hadamard128_lane(v, lane):
     return v
 
 
-__all__ = ["block_row_col", "cta_thread_ids", "decode_pair", "decode_words", "hadamard128_lane",
+__all__ = ["SPLIT_PAIR_CODEBOOKS", "block_row_col", "cta_thread_ids", "decode_pair",
+           "decode_single", "decode_words", "decode_words_split", "lane_states", "hadamard128_lane",
            "lane_funnels", "load_tile_words", "mma_m16n8k16_f16_f32", "warp_task"]

@@ -1,6 +1,7 @@
 """Hadamard-128 transform kernels around the Trellis GEMM (one warp per 128-element block).
 
     input:   xh[r, :]  = fp16( H128(x[r, :] * suh) )       rows r >= m are written as zeros
+             (row-major, or in the decode kernel's B-fragment order: ``layout``)
     output:  y[r, :]   = H128( sum_s part[s, r, :] ) * svh + bias
 
 H128 is applied per contiguous 128-block of the feature axis with the reference order of fp32
@@ -12,7 +13,9 @@ the CUDA cores and several XLA launches around the GEMM; here each transform is 
 launch, and the output kernel also sums the GEMM's K-split partials and applies svh and bias.
 
 Layout contract (flat row-major, sizes static):
-  input:  x [m, k] (f32 / bf16 / f16), suh f16 [k] -> xh f16 [m_pad, k]
+  input:  x [m, k] (f32 / bf16 / f16), suh f16 [k] -> xh f16: "rows" [m_pad, k], or
+          "b_split" [2 * m_pad * k], the decode kernel's split-pair B-fragment words
+          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32)
   output: part f32 [splits, m_pad, n], svh f16 [n], bias f16 [n] -> y f32 [m, n]
 """
 
@@ -25,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32
 
 from .cute_ops import block_row_col, hadamard128_lane, warp_task
+from .trellis_geometry import b_fragment_slot, b_fragment_word
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
@@ -37,6 +41,12 @@ class HadamardConfig:
     width: int         # feature size (k or n), multiple of 128
     splits: int = 1    # output transform: number of K-split partials to sum
     part_rows: int = 0  # output transform: rows per partial (m_pad)
+    layout: str = "rows"  # input transform output: "rows" or "b_split"
+
+    @property
+    def out_size(self) -> int:
+        """fp16 elements of the input transform's output."""
+        return self.rows * self.width * (2 if self.layout == "b_split" else 1)
 
     @property
     def blocks(self) -> int:
@@ -60,7 +70,14 @@ def _hadamard_in_kernel(x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
         v = [Float32(x[src + e]) * Float32(suh[col + e]) * keep for e in range(4)]
         v = hadamard128_lane(v, lane)
         for e in cutlass.range_constexpr(4):
-            out[row * cfg.width + col + e] = Float16(v[e] * Float32(SCALE))
+            h16 = Float16(v[e] * Float32(SCALE))
+            if cutlass.const_expr(cfg.layout == "rows"):
+                out[row * cfg.width + col + e] = h16
+            else:
+                G, kt, i, ln = b_fragment_slot(row, col + e)
+                word = b_fragment_word(G, kt, i, ln, cfg.width // 16)
+                out[2 * word] = h16
+                out[2 * word + 1] = Float16(0.0)
 
 
 @cute.kernel

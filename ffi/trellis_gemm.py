@@ -110,12 +110,34 @@ def output_transform(y, svh, bias=None):
     return y if bias is None else y + jnp.asarray(bias, jnp.float32)
 
 
+def _padded_rows(xh, m_pad: int):
+    m = xh.shape[0]
+    xh = jnp.asarray(xh, jnp.float16)
+    return xh if m_pad == m else jnp.pad(xh, ((0, m_pad - m), (0, 0)))
+
+
 def _f16_pairs(xh, m_pad: int):
     """fp16 [m, k] -> flat uint32 [m_pad * k/2], zero-padded rows."""
-    m, k = xh.shape
-    if m_pad != m:
-        xh = jnp.pad(xh, ((0, m_pad - m), (0, 0)))
-    return f16_words(xh.reshape(-1))
+    return f16_words(_padded_rows(xh, m_pad).reshape(-1))
+
+
+def b_fragment_words(xh, m_pad: int):
+    """fp16 [m, k] -> flat uint32 [m_pad * k], the split-pair B-fragment words of the decode
+    kernel (zero-padded rows; trellis_geometry.b_fragment_slot / b_fragment_word as one reshape
+    and transpose). The input transform kernel writes the same words directly
+    (hadamard_in layout "b_split")."""
+    xh = _padded_rows(xh, m_pad)
+    # [G, tok, kt, r, t, h]: k = 16 kt + 8 r + 2 t + h, row = 8 G + tok -> [G, kt, h, r, tok, t].
+    x6 = xh.reshape(m_pad // 8, 8, xh.shape[1] // 16, 2, 4, 2)
+    bits = lax.bitcast_convert_type(x6, jnp.uint16).astype(jnp.uint32)
+    return jnp.transpose(bits, (0, 2, 5, 3, 1, 4)).reshape(-1)
+
+
+def mma_input_words(xh, cfg):
+    """fp16 [m, k] -> the words ``xw`` of the decode kernel ``cfg`` (trellis_mma.MmaConfig)."""
+    if cfg.x_layout == "fragments":
+        return b_fragment_words(xh, cfg.m_pad)
+    return _f16_pairs(xh, cfg.m_pad)
 
 
 def f16_words(xh_flat):
@@ -145,7 +167,8 @@ def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
 
 
 def mma_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
-    """Decode+MMA kernel on fp16-pair words xw [m_pad * k/2]: flat fp32 [splits * m_pad * n].
+    """Decode+MMA kernel on activation words xw (mma_input_words): flat fp32
+    [splits * m_pad * n].
 
     out_init: optional float32 buffer of that size which the kernel writes in place (aliased),
     e.g. NaN-poisoned by tests so unwritten elements show.
@@ -169,14 +192,14 @@ def mma_partials(xh, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
     """Decode+MMA kernel on an fp16 [m, k] activation (zero-padded to m_pad here):
     fp32 [splits, m_pad, n] partial sums of xh @ W_hat (rows >= m are 0)."""
     cfg = _mma_config(weight, plan)
-    out = mma_partials_words(_f16_pairs(jnp.asarray(xh, jnp.float16), cfg.m_pad), weight, plan,
-                             out_init)
+    out = mma_partials_words(mma_input_words(xh, cfg), weight, plan, out_init)
     return out.reshape(cfg.splits, cfg.m_pad, cfg.n)
 
 
-def hadamard_in(x, suh, m_pad: int):
-    """Input transform kernel: x [m, k] -> flat fp16 [m_pad * k] = had128(x * suh), zero rows
-    beyond m."""
+def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
+    """Input transform kernel: x [m, k] -> flat fp16 had128(x * suh) with zero rows beyond m,
+    [m_pad * k] row-major (layout "rows"), or [2 * m_pad * k] in the decode kernel's
+    split-pair B-fragment order (layout "b_split", see b_fragment_words)."""
     from cutlass.jax import cutlass_call
 
     from .hadamard import HadamardConfig, launch_hadamard_in
@@ -184,10 +207,17 @@ def hadamard_in(x, suh, m_pad: int):
     m, k = x.shape
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         x = x.astype(jnp.float32)
-    cfg = HadamardConfig(rows=m_pad, valid=m, width=k)
+    cfg = HadamardConfig(rows=m_pad, valid=m, width=k, layout=layout)
     return cutlass_call(launch_hadamard_in, cfg=cfg, compile_options=_cute_options(),
-                        output_shape_dtype=jax.ShapeDtypeStruct((m_pad * k,), jnp.float16))(
+                        output_shape_dtype=jax.ShapeDtypeStruct((cfg.out_size,), jnp.float16))(
         x.reshape(-1), jnp.asarray(suh, jnp.float16))
+
+
+def decode_input_words(x, suh, cfg):
+    """The decode plan's input transform: x [m, k] -> the MMA kernel's activation words for
+    ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), one launch."""
+    layout = "b_split" if cfg.x_layout == "fragments" else "rows"
+    return f16_words(hadamard_in(x, suh, cfg.m_pad, layout))
 
 
 def hadamard_out(part, svh, bias, *, m: int, m_pad: int, splits: int, n: int):
@@ -287,8 +317,7 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
         y = output_transform(y, weight.svh, weight.bias)
     elif plan.kind == "decode":
         cfg = _mma_config(weight, plan)
-        xh = hadamard_in(x2, weight.suh, cfg.m_pad)
-        part = mma_partials_words(f16_words(xh), weight, plan)
+        part = mma_partials_words(decode_input_words(x2, weight.suh, cfg), weight, plan)
         y = hadamard_out(part, weight.svh, weight.bias, m=m, m_pad=cfg.m_pad,
                          splits=cfg.splits, n=weight.n)
     else:
@@ -300,7 +329,8 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
     return y.reshape(*lead, weight.n)
 
 
-__all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "dequantize_transposed", "hadamard_in",
+__all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words", "mma_input_words",
+           "dequantize_transposed", "hadamard_in",
            "hadamard_out", "input_transform", "lane_geometry", "mma_partials",
            "mma_partials_words", "output_transform", "plan_for", "rotated_matmul", "supports",
            "trellis_matmul_gpu", "trellis_words"]

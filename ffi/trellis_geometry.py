@@ -167,6 +167,28 @@ def emulate_lane_states(U: np.ndarray, K) -> np.ndarray:
 A_OPERAND_PAIRS = ((0, 1), (4, 5), (2, 3), (6, 7))
 
 
+B_REGS = 4               # B-fragment registers per lane, token group and k16 step (split pairs)
+
+
+def b_fragment_slot(row, kk):
+    """Where element (row, kk) of the rotated activation goes in the B-fragment layout that the
+    dense decode kernel reads with split pairs: (token group G, k16 step kt, register i, lane).
+
+    B of one m16n8k16 is 16 k x 8 tokens; lane 4*tok + t holds k rows 2t, 2t+1 (register 0)
+    and 2t+8, 2t+9 (register 1). With split pairs each k row is alone in the low half of its
+    register (high half zero): register 2h + r holds k row 2t + 8r + h, so the even-k MMA takes
+    registers (0, 1) and the odd-k MMA (2, 3). Plain integer arithmetic: the input-transform
+    kernel runs it on DSL integers, the tests on numpy arrays."""
+    w = kk % 16
+    return row // 8, kk // 16, 2 * (w % 2) + w // 8, 4 * (row % 8) + (w % 8) // 2
+
+
+def b_fragment_word(G, kt, i, lane, k16: int):
+    """uint32 word index of register i of ``lane`` for token group G, k16 step kt: the words of
+    one register index are contiguous across the 32 lanes (one 128-byte load per warp)."""
+    return ((G * k16 + kt) * B_REGS + i) * LANES + lane
+
+
 def supported_rates() -> tuple:
     """Every rate the GPU kernels compile for (integer K = 1..8 and the mul1 half rates)."""
     return (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)

@@ -14,6 +14,13 @@ Why this shape of kernel:
     so a decode step pays one MMA per 8 tokens instead of padding tokens to 16.
   * Decode is the floor (bench/anchors.md): each tile is decoded once per CTA, by one warp,
     and reused for all the CTA's token groups (m_tile tokens).
+  * The ALU pipe is the decode's bottleneck (81-83% busy for mcg on the H200), so 3inst / mcg
+    with one token group run "split pairs" (MmaTiling.split_pairs): each weight's HADD2 writes
+    it alone into a register, the A operand of an MMA over only the even (then the odd) k rows,
+    whose B fragment has zero high halves. That drops the PRMT per weight of packing two
+    weights into one register (4.1 -> 3.1 ALU ops per weight at K3) for a second MMA.
+    Those B words come in B-fragment order from the input transform, so each B register is one
+    128-byte load per warp; row-major B costs 8 L1 wavefronts per load (8 token rows).
   * No shared-memory staging of weights: each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8)
     or 8 (K = 7) ring words straight from global memory; all 32 lanes hit the same 32*K-byte
     tile, so the loads coalesce.
@@ -25,7 +32,10 @@ Why this shape of kernel:
     GPU and its fp32 partial traffic stays small.
 
 Layout contract (flat, row-major views; all sizes static at compile time):
-  xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, m_pad = m_tiles * m_tile (zero padded rows)
+  xw:  uint32 [m_pad, k/2]        fp16 pairs of xh (row-major), or with split pairs
+       uint32 [m_pad * k]          one fp16 per word, low half, in B-fragment order
+                                  (trellis_geometry.b_fragment_slot); m_pad = m_blocks * m_tile,
+                                  zero padded rows
   tw:  uint32 [k/16, n/16, W/2]   the trellis words (int16 pairs, little endian)
   out: float32 [splits, m_pad, n] partial sums (padded rows too: they are zero, and keeping m out
                                   of the compile key lets m = 1..8 share one binary)
@@ -37,11 +47,11 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Uint32
 
-from .cute_ops import (cta_thread_ids, decode_words, lane_funnels, load_tile_words,
-                       mma_m16n8k16_f16_f32)
-from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
+from .cute_ops import (SPLIT_PAIR_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
+                       lane_funnels, load_tile_words, mma_m16n8k16_f16_f32)
+from .trellis_geometry import A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry
 
 
 class MmaTiling:
@@ -68,6 +78,16 @@ class MmaTiling:
     @property
     def threads(self) -> int:
         return 32 * self.warps
+
+    @property
+    def split_pairs(self) -> bool:
+        """3inst / mcg with one token group: one weight per A register and two MMAs per tile.
+        That trades the PRMT per weight of packing (ALU pipe, the bottleneck there) for a
+        second MMA and a HADD2 per weight (tensor and FMA pipes, mostly idle): -8% (K3) and
+        -10% (K4) at 8192x28672 m=1 on the H200. With 2+ token groups the doubled MMAs and
+        registers cost more than that (+20% at m=16), and mul1's dp4a decode already loads the
+        FMA pipe, so both keep packed pairs (bench/NOTES.md)."""
+        return self.codebook in SPLIT_PAIR_CODEBOOKS and self.m_groups == 1
 
     @property
     def acc_regs(self) -> int:
@@ -103,6 +123,14 @@ class MmaConfig(MmaTiling):
     unroll: int = 4        # k16 steps per chunk whose loads are issued together
 
     @property
+    def x_layout(self) -> str:
+        """How xw is laid out: B-fragment order with split pairs (one 128-byte load per warp
+        and register, no ALU work), else row-major fp16 pairs. Measured on the H200: packed
+        pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
+        8192x28672 K3 mul1 m=1 18% slower, so packed kernels keep rows."""
+        return "fragments" if self.split_pairs else "rows"
+
+    @property
     def m_pad(self) -> int:
         return self.m_blocks * self.m_tile
 
@@ -120,13 +148,21 @@ class MmaConfig(MmaTiling):
         return self
 
 
-def load_chunk(xw, tw, c0, tile0, x_row_base, funnels, geo, cfg):
+def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg):
     """Issue this lane's loads for the ``cfg.unroll`` k16 steps starting at tile row c0:
     weight words of tiles (kt, tile0 + j) for j < n_tiles (tile index kt * n16 + tile0 + j in
     the flat tile sequence of ``tw``; tile0 may include an expert's offset) and the B fragments
-    of every token group (activation words at x_row_base + 8 g (k/2) + 8 kt, + 4).
-    Returns (wbuf [unroll * n_tiles], bfrag [unroll * m_groups]). Shared by the dense and the
-    grouped (MoE) kernels; plain Python, inlined at trace time."""
+    of every token group.
+
+    B fragments by ``cfg.x_layout``:
+      * "fragments" (dense kernel, split pairs): x_base is ``b_fragment_word(G0, 0, 0, lane)``
+        of the CTA's first token group; 4 words per lane, each load 128 contiguous bytes per
+        warp (trellis_geometry.b_fragment_slot).
+      * "rows": x_base is the lane's word in row-major fp16 pairs, x_base + 8 g (k/2) + 8 kt
+        and + 4; with ``split_pairs`` (grouped MoE kernel) the halves are separated in
+        registers (two ALU ops per register).
+    Returns (wbuf [unroll * n_tiles], bfrag [unroll * m_groups] of per-MMA (b0, b1) pairs).
+    Shared by the dense and the grouped (MoE) kernels; plain Python, inlined at trace time."""
     kw = cfg.k // 2
     wbuf = []
     bfrag = []
@@ -135,24 +171,42 @@ def load_chunk(xw, tw, c0, tile0, x_row_base, funnels, geo, cfg):
         for j in range(cfg.n_tiles):
             wbuf.append(load_tile_words(tw, (kt * cfg.n16 + tile0 + j) * geo.words, funnels, geo))
         for g in range(cfg.m_groups):
-            base = x_row_base + g * 8 * kw + kt * 8
-            bfrag.append((xw[base], xw[base + 4]))
+            if cfg.x_layout == "fragments":
+                w0 = x_base + (g * cfg.k16 + kt) * B_REGS * 32
+                regs = [xw[w0 + 32 * i] for i in range(B_REGS)]
+                bfrag.append(((regs[0], regs[1]), (regs[2], regs[3])))
+                continue
+            base = x_base + g * 8 * kw + kt * 8
+            b0, b1 = xw[base], xw[base + 4]
+            if cfg.split_pairs:
+                bfrag.append(((b0 & Uint32(0xFFFF), b1 & Uint32(0xFFFF)),
+                              (b0 >> Uint32(16), b1 >> Uint32(16))))
+            else:
+                bfrag.append(((b0, b1),))
     return wbuf, bfrag
 
 
 def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
-    """Decode the chunk's tiles and accumulate acc[(g * n_tiles + j) * 4 + r] += W^T x (one
-    m16n8k16 MMA per tile and token group)."""
+    """Decode the chunk's tiles and accumulate acc[(g * n_tiles + j) * 4 + r] += W^T x: one
+    m16n8k16 MMA per tile and token group with weights packed two per register, or two MMAs
+    with ``cfg.split_pairs`` (even-k weights, then odd-k weights, each alone in the low half of
+    its register against a B fragment whose high halves are zero)."""
     for u in range(cfg.unroll):
         for j in range(cfg.n_tiles):
-            h = decode_words(wbuf[u * cfg.n_tiles + j], funnels, geo, cfg.codebook)
-            a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+            words = wbuf[u * cfg.n_tiles + j]
+            if cfg.split_pairs:
+                e = decode_words_split(words, funnels, geo, cfg.codebook)
+                alist = [[e[p[half]] for p in A_OPERAND_PAIRS] for half in (0, 1)]
+            else:
+                h = decode_words(words, funnels, geo, cfg.codebook)
+                alist = [[h[p[0] // 2] for p in A_OPERAND_PAIRS]]
             for g in range(cfg.m_groups):
                 i0 = (g * cfg.n_tiles + j) * 4
-                d = mma_m16n8k16_f16_f32(a, bfrag[u * cfg.m_groups + g],
-                                         [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]])
+                c = [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]]
+                for a, b in zip(alist, bfrag[u * cfg.m_groups + g]):
+                    c = mma_m16n8k16_f16_f32(a, b, c)
                 for r in range(4):
-                    acc[i0 + r] = d[r]
+                    acc[i0 + r] = c[r]
 
 
 def zero_accumulators(cfg):
@@ -206,19 +260,21 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     tn0 = bx * cfg.n_tiles
     m0 = bz * cfg.m_tile
     k0 = by * cfg.k_per_split
-    kw = cfg.k // 2                                        # uint32 words per activation row
     funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
 
     nacc = cfg.acc_regs
     acc = zero_accumulators(cfg)
 
-    # B fragment of token group g: token m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4).
-    x_row_base = (m0 + lane // 4) * kw + lane % 4
+    # B fragments of the CTA's token groups (load_chunk): B-fragment order or row-major.
+    if cutlass.const_expr(cfg.x_layout == "fragments"):
+        x_base = b_fragment_word(m0 // 8, 0, 0, lane, cfg.k16)
+    else:    # token m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4)
+        x_base = (m0 + lane // 4) * (cfg.k // 2) + lane % 4
 
     # Chunk c of warp w covers k16 tiles k0 + (c * warps + w) * unroll + u, u < unroll.
     chunk = cfg.warps * cfg.unroll
     for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, chunk):
-        wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_row_base, funnels, geo, cfg)
+        wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_base, funnels, geo, cfg)
         mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
     red = fold_warp_partials(acc, warp, lane, cfg)

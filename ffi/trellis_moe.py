@@ -79,6 +79,8 @@ class GroupedMmaConfig(MmaTiling):
     splits: int = 1
     unroll: int = 1
 
+    x_layout = "rows"        # xw row-major fp16 pairs (the route-packed rows)
+
     @property
     def m_tile(self) -> int:
         return self.block_m

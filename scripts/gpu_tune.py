@@ -44,8 +44,8 @@ def decode_rows(k, n, cb, K, m, deadline):
     row["full_xla"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w, transforms="xla"), (x, w),
                          m, k, n)
     cfg = tg._mma_config(w, base)
-    xw = tg.f16_words(tg.hadamard_in(x, w.suh, cfg.m_pad))
-    row["had_in"] = us(lambda x, s: tg.hadamard_in(x, s, cfg.m_pad), (x, w.suh), m, k, n)
+    xw = tg.decode_input_words(x, w.suh, cfg)
+    row["had_in"] = us(lambda x, s: tg.decode_input_words(x, s, cfg), (x, w.suh), m, k, n)
     part = jnp.zeros((cfg.splits * cfg.m_pad * n,), jnp.float32)
     row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, m=m, m_pad=cfg.m_pad,
                                                      splits=cfg.splits, n=n),

@@ -22,7 +22,8 @@ from helpers_cute import check_rows, last_line_of_script, needs_cutlass
 
 from exl3_jax.format.spec import width_from_rate
 from exl3_jax.ffi import trellis_gemm as tg
-from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, emulate_lane_states, lane_geometry,
+from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_fragment_word,
+                                           emulate_lane_states, lane_geometry,
                                            supported_rates)
 from exl3_jax.ops import plans
 from exl3_jax.trellis import Exl3Weight, decode_trellis, linear_reference, tile_perm, unpack_states
@@ -140,6 +141,47 @@ def test_plan_splits_balance_cta_work(k, n):
     assert plans.select_plan(1, 4096, 1024, sms=2 * plans.DEFAULT_SMS).splits == 16
 
 
+# --- B-fragment layout of the decode kernel's activation ----------------------------------
+
+
+def b_fragment_positions(m_pad, k):
+    """uint32 word of every element (row, kk) by the kernel-side formula, applied to numpy
+    index arrays (the same function the input-transform kernel runs on DSL integers)."""
+    row, kk = np.meshgrid(np.arange(m_pad), np.arange(k), indexing="ij")
+    return b_fragment_word(*b_fragment_slot(row, kk), k // 16)
+
+
+def rows_from_mma_words(xw, cfg, k):
+    """fp16 [m_pad, k] from the decode kernel's activation words (the inverse of
+    tg.mma_input_words), traceable (the emulated kernel runs under jit)."""
+    xw = jnp.asarray(xw, jnp.uint32)
+    if cfg.x_layout == "rows":
+        return jax.lax.bitcast_convert_type(xw, jnp.float16).reshape(cfg.m_pad, k)
+    low = xw[b_fragment_positions(cfg.m_pad, k)].astype(jnp.uint16)
+    return jax.lax.bitcast_convert_type(low, jnp.float16)
+
+
+def test_b_fragment_words_match_the_kernel_formula(rng):
+    m, m_pad, k = 11, 16, 256
+    xh = rng.standard_normal((m, k)).astype(np.float16)
+    words = np.asarray(tg.b_fragment_words(jnp.asarray(xh), m_pad))
+    assert words.size == m_pad * k
+    pos = b_fragment_positions(m_pad, k)
+    assert len(np.unique(pos)) == pos.size                 # a permutation of the buffer
+    want = np.zeros((m_pad, k), np.float16)
+    want[:m] = xh
+    assert not (words >> 16).any()                         # every high half is zero
+    np.testing.assert_array_equal(words[pos].astype(np.uint16), want.view(np.uint16))
+    # The MMA's view: register i = 2h + r of lane 4 tok + t, group G, step kt holds k row
+    # 2t + 8r + h of the PTX m16n8k16 B layout (even-k MMA: registers 0, 1; odd-k: 2, 3).
+    G, kt, lane = 1, 3, 4 * 5 + 2
+    tok, t = 8 * G + lane // 4, lane % 4
+    for h in (0, 1):
+        for r in (0, 1):
+            got = words[b_fragment_word(G, kt, 2 * h + r, lane, k // 16)]
+            assert got == want[tok, 16 * kt + 2 * t + 8 * r + h].view(np.uint16)
+
+
 # --- plumbing with emulated kernels --------------------------------------------------------
 
 
@@ -153,7 +195,7 @@ def emulated_kernels(monkeypatch):
     def mma_partials_words(xw, w, plan, out_init=None):
         cfg = tg._mma_config(w, plan)
         calls.append(("decode", cfg))
-        xh = jax.lax.bitcast_convert_type(xw, jnp.float16).reshape(cfg.m_pad, w.k)
+        xh = rows_from_mma_words(xw, cfg, w.k)
         wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
         ks = w.k // cfg.splits
         parts = [jnp.matmul(xh[:, s * ks:(s + 1) * ks].astype(jnp.float32),
@@ -166,10 +208,14 @@ def emulated_kernels(monkeypatch):
         calls.append(("prefill", cfg))
         return decode_trellis(w.trellis, w.codebook).T
 
-    def hadamard_in(x, suh, m_pad):
+    def hadamard_in(x, suh, m_pad, layout="rows"):
         xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32)
         xs = jnp.pad(xs, ((0, m_pad - x.shape[0]), (0, 0)))
-        return hadamard128(xs).astype(jnp.float16).reshape(-1)
+        xh = hadamard128(xs).astype(jnp.float16)
+        if layout == "rows":
+            return xh.reshape(-1)
+        return jax.lax.bitcast_convert_type(tg.b_fragment_words(xh, m_pad), jnp.float16
+                                            ).reshape(-1)
 
     def hadamard_out(part, svh, bias, *, m, m_pad, splits, n):
         y = jnp.sum(part.reshape(splits, m_pad, n), axis=0)[:m]
@@ -185,8 +231,9 @@ def emulated_kernels(monkeypatch):
 @pytest.mark.parametrize("transforms", ["cute", "xla"])
 @pytest.mark.parametrize("m,kind", [(1, "decode"), (5, "decode"), (32, "decode"),
                                     (33, "prefill"), (3, "prefill")])
-def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms):
-    w = random_weight(rng, 512, 256, 3.5, "mul1", bias=True)
+@pytest.mark.parametrize("codebook,K", [("mul1", 3.5), ("mcg", 3)])   # packed / split B words
+def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms, codebook, K):
+    w = random_weight(rng, 512, 256, K, codebook, bias=True)
     x = jnp.asarray(rng.standard_normal((m, 512)), jnp.float32)
     y = tg.trellis_matmul_gpu(x, w, plan=kind, transforms=transforms)
     ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
