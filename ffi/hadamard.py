@@ -32,6 +32,7 @@ from .trellis_geometry import b_fragment_slot, b_fragment_word
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
+LAYOUTS = ("rows", "b_split")       # input transform outputs (see the layout contract)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,11 @@ class HadamardConfig:
     width: int         # feature size (k or n), multiple of 128
     splits: int = 1    # output transform: number of K-split partials to sum
     part_rows: int = 0  # output transform: rows per partial (m_pad)
-    layout: str = "rows"  # input transform output: "rows" or "b_split"
+    layout: str = "rows"  # input transform output: one of LAYOUTS
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Hadamard input layout {self.layout!r} is not one of {LAYOUTS}")
 
     @property
     def out_size(self) -> int:

@@ -111,6 +111,7 @@ def output_transform(y, svh, bias=None):
 
 
 def _padded_rows(xh, m_pad: int):
+    """fp16 [m, k] -> fp16 [m_pad, k], zero rows appended."""
     m = xh.shape[0]
     xh = jnp.asarray(xh, jnp.float16)
     return xh if m_pad == m else jnp.pad(xh, ((0, m_pad - m), (0, 0)))
@@ -329,8 +330,8 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
     return y.reshape(*lead, weight.n)
 
 
-__all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words", "mma_input_words",
-           "dequantize_transposed", "hadamard_in",
-           "hadamard_out", "input_transform", "lane_geometry", "mma_partials",
-           "mma_partials_words", "output_transform", "plan_for", "rotated_matmul", "supports",
-           "trellis_matmul_gpu", "trellis_words"]
+__all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words",
+           "dequantize_transposed", "hadamard_in", "hadamard_out", "input_transform",
+           "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
+           "output_transform", "plan_for", "rotated_matmul", "supports", "trellis_matmul_gpu",
+           "trellis_words"]
