@@ -7,7 +7,7 @@ import pytest
 
 from exl3_jax.quant.ldlq import block_ldl, finalize_hessian, quantize_linear
 from exl3_jax.quant.regularize import (CODEBOOK_SCALE, from_tiles, random_signs, regularize,
-                                       search_global_scale, to_tiles)
+                                       scale_sample_tiles, search_global_scale, to_tiles)
 from exl3_jax.trellis import decode_states, decode_trellis, dequantize, hadamard128, unpack_states
 
 # the reference encoder's relative tile MSE (spec 6.5); a weight's relative Frobenius error after
@@ -141,3 +141,19 @@ def test_finalize_hessian_falls_back_on_unusable_input():
     assert finalize_hessian(np.zeros((128, 128)), 10, signs) is None
     fh = finalize_hessian(np.eye(128) * 4.0, 2, signs)
     assert fh is not None and np.allclose(fh.h_diag, 2.0 * (1 + 0.025))
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_scale_sample_is_a_wrapped_diagonal_plus_extremes(rng, width):
+    tk, tn = 5, 4
+    w = rng.standard_normal((16 * tk, 16 * tn)).astype(np.float32)
+    tiles = to_tiles(w)
+    # tile (0, 2) is off every diagonal of width <= 2 and becomes the highest-RMS tile
+    tiles[0, 2] *= 10.0 / np.sqrt(np.mean(np.square(tiles[0, 2])))
+    sample = scale_sample_tiles(from_tiles(tiles), width)
+    want = {(i, (i + d) % tn) for i in range(tk) for d in range(width)}
+    want |= {(0, 2), np.unravel_index(np.argmin(np.sqrt(np.mean(np.square(tiles), -1))),
+                                      (tk, tn))}
+    assert sample.shape == (len(want), 256)
+    got = {tuple(np.argwhere(np.all(tiles == s, axis=-1))[0]) for s in sample}
+    assert got == {tuple(int(v) for v in p) for p in want}

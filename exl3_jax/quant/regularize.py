@@ -76,12 +76,13 @@ def input_is_regular(h_diag: np.ndarray | None) -> bool:
     return float(r[:top].sum()) < 0.15 * float(r.sum())
 
 
-def scale_sample_tiles(w_r: np.ndarray) -> np.ndarray:
-    """Tiles the global-scale search looks at: a wrapped tile diagonal of width 3 plus the
-    highest- and lowest-RMS tiles. float32 [k, n] -> [S, 256] (sequence order)."""
+def scale_sample_tiles(w_r: np.ndarray, width: int = 3) -> np.ndarray:
+    """Tiles the global-scale search looks at: a wrapped tile diagonal of ``width`` (3, as the
+    reference) plus the highest- and lowest-RMS tiles. float32 [k, n] -> [S, 256] (sequence
+    order)."""
     tiles = to_tiles(w_r)
     tk, tn, _ = tiles.shape
-    picks = {(i, (i + d) % tn) for i in range(tk) for d in range(3)}
+    picks = {(i, (i + d) % tn) for i in range(tk) for d in range(width)}
     rms = np.sqrt(np.mean(np.square(tiles), axis=-1))
     picks.add(np.unravel_index(np.argmax(rms), rms.shape))
     picks.add(np.unravel_index(np.argmin(rms), rms.shape))
