@@ -1,0 +1,93 @@
+"""Where the default model's build time goes, per layer: cProfile of the same recipe on the first
+N layers of SmolLM2 (no head), grouped into calibration, global-scale search and LDLQ encode.
+
+    python scripts/profile_default_build.py [--layers 2] [--out F.json]
+
+Uses the unquantized source in the exl3-jax cache (built on first use, as ``exl3-jax generate``
+does). The slice keeps the embeddings, the first N decoder layers and the final norm; the head is
+left unquantized (head_bits 16) so the numbers are the body's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import platform
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from safetensors.numpy import load_file, save_file
+
+from exl3_jax.quant import default_model as dm
+from exl3_jax.quant.calibrate import load_calibration
+from exl3_jax.quant.convert import convert_hf
+
+# (label, file suffix, function name) of the functions whose cumulative time is reported
+PARTS = (("convert_hf", "quant/convert.py", "convert_hf"),
+         ("ldlq_body_encode", "quant/ldlq.py", "ldlq"),
+         ("global_scale_search", "quant/regularize.py", "search_global_scale"),
+         ("hessian_capture", "quant/calibrate.py", "hessian"),
+         ("encode_tiles_all", "quant/viterbi.py", "encode_tiles"))
+
+
+def sliced_source(src: Path, layers: int, out: Path) -> None:
+    """The first ``layers`` decoder layers of an HF-layout directory (config, tokenizer files,
+    embeddings, final norm)."""
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(cfg))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, out / name)
+    state = load_file(str(src / "model.safetensors"))
+    save_file({k: v for k, v in state.items()
+               if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers},
+              str(out / "model.safetensors"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    src = dm.source_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        source, out = Path(tmp) / "src", Path(tmp) / "out"
+        source.mkdir()
+        sliced_source(src, a.layers, source)
+        hessians = load_calibration(source, dm.calibration_text(dm.CALIBRATION),
+                                    seq_len=dm.CALIBRATION_SEQ_LEN)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        convert_hf(source, out, bits=dm.BITS, head_bits=16, codebook=dm.CODEBOOK, mode=dm.MODE,
+                   hessians=hessians)
+        prof.disable()
+        wall = time.perf_counter() - t0
+    stats = pstats.Stats(prof).stats          # {(file, line, name): (cc, nc, tt, ct, callers)}
+    parts = {}
+    for label, suffix, name in PARTS:
+        hits = [(v[1], v[3]) for (f, _, fn), v in stats.items()
+                if fn == name and f.endswith(suffix)]
+        parts[label] = {"calls": sum(h[0] for h in hits), "cumulative_s": sum(h[1] for h in hits)}
+    result = {"command": "python scripts/profile_default_build.py " + " ".join(
+                  sys.argv[1:] if argv is None else argv),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": f"{platform.machine()} CPU", "layers": a.layers, "wall_s": wall,
+              "recipe": {"bits": dm.BITS, "codebook": dm.CODEBOOK, "mode": dm.MODE,
+                         "calibration": dm.CALIBRATION, "head": "not quantized"},
+              "parts": parts}
+    print(json.dumps(result, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
