@@ -1,4 +1,5 @@
-"""Scaffolding shared by the GPU benchmark scripts (gpu_e2e_decode.py, gpu_ttft.py).
+"""Scaffolding shared by the benchmark scripts (gpu_e2e_decode.py, gpu_ttft.py; run metadata
+and the JSON writer also by the CPU ones, bench_scale_search.py, profile_default_build.py).
 
 Run metadata (date, command line, versions), a timer that wraps a library entry point in place
 (CuTe DSL kernel compiles, AOT artifact loads), one timed generate call, and an atomic JSON

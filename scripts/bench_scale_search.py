@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import time
-from datetime import datetime, timezone
 
 import numpy as np
+from _gpu_bench_common import run_metadata, versions, write_json
 from safetensors.numpy import load_file
 
 from exl3_jax.quant import default_model as dm
@@ -72,13 +70,8 @@ def main(argv=None) -> int:
                "search_s_per_layer_w1": sum(r["search_s_w1"] for r in rows) * per_layer}
     print(json.dumps(summary))
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"command": "python scripts/bench_scale_search.py " + " ".join(
-                           sys.argv[1:] if argv is None else argv),
-                       "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": f"{platform.processor() or platform.machine()}, CPU",
-                       "K": K, "codebook": a.codebook, "rows": rows, "summary": summary}, f,
-                      indent=1)
+        write_json(a.out, {**run_metadata(__file__, argv), "versions": versions(), "K": K,
+                           "codebook": a.codebook, "rows": rows, "summary": summary})
     return 0
 
 

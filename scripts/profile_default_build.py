@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import platform
 import pstats
 import shutil
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from _gpu_bench_common import run_metadata, versions, write_json
 from safetensors.numpy import load_file, save_file
 
 from exl3_jax.quant import default_model as dm
@@ -76,16 +74,14 @@ def main(argv=None) -> int:
         hits = [(v[1], v[3]) for (f, _, fn), v in stats.items()
                 if fn == name and f.endswith(suffix)]
         parts[label] = {"calls": sum(h[0] for h in hits), "cumulative_s": sum(h[1] for h in hits)}
-    result = {"command": "python scripts/profile_default_build.py " + " ".join(
-                  sys.argv[1:] if argv is None else argv),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": f"{platform.machine()} CPU", "layers": a.layers, "wall_s": wall,
+    result = {**run_metadata(__file__, argv), "versions": versions(), "layers": a.layers,
+              "wall_s": wall,
               "recipe": {"bits": dm.BITS, "codebook": dm.CODEBOOK, "mode": dm.MODE,
                          "calibration": dm.CALIBRATION, "head": "not quantized"},
               "parts": parts}
     print(json.dumps(result, indent=1))
     if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1))
+        write_json(a.out, result)
     return 0
 
 
