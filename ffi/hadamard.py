@@ -14,7 +14,7 @@ launch, and the output kernel also sums the GEMM's K-split partials and applies 
 
 Layout contract (flat row-major, sizes static):
   input:  x [m, k] (f32 / bf16 / f16), suh f16 [k] -> xh f16: "rows" [m_pad, k], or
-          "b_split" [2 * m_pad * k], the decode kernel's split-pair B-fragment words
+          "fragments" [2 * m_pad * k], the decode kernel's split-pair B-fragment words
           (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32)
   output: part f32 [splits, m_pad, n], svh f16 [n], bias f16 [n] -> y f32 [m, n]
 """
@@ -32,7 +32,7 @@ from .trellis_geometry import b_fragment_slot, b_fragment_word
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
-LAYOUTS = ("rows", "b_split")       # input transform outputs (see the layout contract)
+LAYOUTS = ("rows", "fragments")     # input transform outputs (see the layout contract)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class HadamardConfig:
     @property
     def out_size(self) -> int:
         """fp16 elements of the input transform's output."""
-        return self.rows * self.width * (2 if self.layout == "b_split" else 1)
+        return self.rows * self.width * (2 if self.layout == "fragments" else 1)
 
     @property
     def blocks(self) -> int:

@@ -126,7 +126,7 @@ def b_fragment_words(xh, m_pad: int):
     """fp16 [m, k] -> flat uint32 [m_pad * k], the split-pair B-fragment words of the decode
     kernel (zero-padded rows; trellis_geometry.b_fragment_slot / b_fragment_word as one reshape
     and transpose). The input transform kernel writes the same words directly
-    (hadamard_in layout "b_split")."""
+    (hadamard_in layout "fragments")."""
     xh = _padded_rows(xh, m_pad)
     # [G, tok, kt, r, t, h]: k = 16 kt + 8 r + 2 t + h, row = 8 G + tok -> [G, kt, h, r, tok, t].
     x6 = xh.reshape(m_pad // 8, 8, xh.shape[1] // 16, 2, 4, 2)
@@ -200,7 +200,7 @@ def mma_partials(xh, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
 def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
     """Input transform kernel: x [m, k] -> flat fp16 had128(x * suh) with zero rows beyond m,
     [m_pad * k] row-major (layout "rows"), or [2 * m_pad * k] in the decode kernel's
-    split-pair B-fragment order (layout "b_split", see b_fragment_words)."""
+    split-pair B-fragment order (layout "fragments", see b_fragment_words)."""
     from cutlass.jax import cutlass_call
 
     from .hadamard import HadamardConfig, launch_hadamard_in
@@ -217,8 +217,7 @@ def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
 def decode_input_words(x, suh, cfg):
     """The decode plan's input transform: x [m, k] -> the MMA kernel's activation words for
     ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), one launch."""
-    layout = "b_split" if cfg.x_layout == "fragments" else "rows"
-    return f16_words(hadamard_in(x, suh, cfg.m_pad, layout))
+    return f16_words(hadamard_in(x, suh, cfg.m_pad, cfg.x_layout))
 
 
 def hadamard_out(part, svh, bias, *, m: int, m_pad: int, splits: int, n: int):

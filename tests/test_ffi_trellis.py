@@ -185,7 +185,8 @@ def test_b_fragment_words_match_the_kernel_formula(rng):
 @needs_cutlass
 def test_hadamard_input_layout_is_checked():
     from exl3_jax.ffi.hadamard import HadamardConfig
-    assert HadamardConfig(rows=16, valid=3, width=256, layout="b_split").out_size == 2 * 16 * 256
+    cfg = HadamardConfig(rows=16, valid=3, width=256, layout="fragments")
+    assert cfg.out_size == 2 * 16 * 256
     with pytest.raises(ValueError, match="'b_packed' is not one of"):
         HadamardConfig(rows=16, valid=3, width=256, layout="b_packed")
 
