@@ -29,6 +29,7 @@ from exl3_jax.generate import perplexity
 from exl3_jax.models import load_model
 from exl3_jax.quant import default_model as dm
 from exl3_jax.quant.convert import RichProgress
+from exl3_jax.quant.viterbi import default_backend as default_encoder_backend
 from exl3_jax.tokenizer import Tokenizer
 
 TEXT = dm.DATA_DIR / "kjv_eval.txt"
@@ -115,7 +116,9 @@ def document(a, ids, rows: dict, load_start) -> dict:
            "recipe": {"bits": dm.BITS, "head_bits": dm.HEAD_BITS, "codebook": dm.CODEBOOK,
                       "mode": dm.MODE, "calibration": dm.CALIBRATION,
                       "calibration_files": {k: list(v) for k, v in dm.CALIBRATION_SETS.items()},
-                      "calibration_seq_len": dm.CALIBRATION_SEQ_LEN},
+                      "calibration_seq_len": dm.CALIBRATION_SEQ_LEN,
+                      "hessian_scales": dm.HESSIAN_SCALES, "revision": dm.RECIPE_REVISION,
+                      "encoder_backend": default_encoder_backend()},
            "target": "4.0 bpw perplexity within +10% of the unquantized model",
            "target_met": None if default is None else default["ratio_to_unquantized"] <= 1.10,
            "backend": jax.default_backend(),

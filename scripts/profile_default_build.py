@@ -31,7 +31,14 @@ PARTS = (("convert_hf", "quant/convert.py", "convert_hf"),
          ("ldlq_body_encode", "quant/ldlq.py", "ldlq"),
          ("global_scale_search", "quant/regularize.py", "search_global_scale"),
          ("hessian_capture", "quant/calibrate.py", "hessian"),
+         ("calibration_layer_runs", "quant/calibrate.py", "_run_layer"),
+         ("input_hessian_matmuls", "quant/calibrate.py", "input_hessian"),
+         ("finalize_hessian", "quant/ldlq.py", "finalize_hessian"),
+         ("rotate_hessian", "quant/ldlq.py", "rotate_hessian"),
+         ("regularize", "quant/regularize.py", "regularize"),
+         ("proxy_error", "quant/ldlq.py", "proxy_error"),
          ("encode_tiles_all", "quant/viterbi.py", "encode_tiles"))
+TOP = 25          # functions listed by their own (exclusive) time
 
 
 def sliced_source(src: Path, layers: int, out: Path) -> None:
@@ -65,7 +72,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         prof.enable()
         convert_hf(source, out, bits=dm.BITS, head_bits=16, codebook=dm.CODEBOOK, mode=dm.MODE,
-                   hessians=hessians)
+                   hessians=hessians, hessian_scales=dm.HESSIAN_SCALES)
         prof.disable()
         wall = time.perf_counter() - t0
     stats = pstats.Stats(prof).stats          # {(file, line, name): (cc, nc, tt, ct, callers)}
@@ -74,11 +81,16 @@ def main(argv=None) -> int:
         hits = [(v[1], v[3]) for (f, _, fn), v in stats.items()
                 if fn == name and f.endswith(suffix)]
         parts[label] = {"calls": sum(h[0] for h in hits), "cumulative_s": sum(h[1] for h in hits)}
+    by_self = sorted(stats.items(), key=lambda kv: -kv[1][2])[:TOP]
+    top_self = [{"function": f"{Path(f).name}:{line}:{fn}", "calls": v[1],
+                 "self_s": round(v[2], 2), "cumulative_s": round(v[3], 2)}
+                for (f, line, fn), v in by_self]
     result = {**run_metadata(__file__, argv), "versions": versions(), "layers": a.layers,
               "wall_s": wall,
               "recipe": {"bits": dm.BITS, "codebook": dm.CODEBOOK, "mode": dm.MODE,
-                         "calibration": dm.CALIBRATION, "head": "not quantized"},
-              "parts": parts}
+                         "calibration": dm.CALIBRATION, "hessian_scales": dm.HESSIAN_SCALES,
+                         "revision": dm.RECIPE_REVISION, "head": "not quantized"},
+              "parts": parts, "top_self_time": top_self}
     print(json.dumps(result, indent=1))
     if a.out:
         write_json(a.out, result)

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from exl3_jax.quant.ldlq import block_ldl, finalize_hessian, quantize_linear
+from exl3_jax.quant.ldlq import (LinearInput, block_ldl, finalize_hessian, quantize_linear,
+                                 quantize_linears)
 from exl3_jax.quant.regularize import (CODEBOOK_SCALE, from_tiles, random_signs, regularize,
                                        scale_sample_tiles, search_global_scale, to_tiles)
 from exl3_jax.trellis import decode_states, decode_trellis, dequantize, hadamard128, unpack_states
@@ -124,14 +125,15 @@ def test_ldlq_with_hessian_beats_plain_quantization(rng):
         return float(np.sum((x @ (deq - w)) ** 2) / np.sum((x @ w) ** 2))
 
     e_h, e_s, e_p = out_err(q_h), out_err(q_s), out_err(q_p)
-    # measured over 6 seeds: e_h / e_p 0.28..0.69 (the reference's signs-only Hessian ignores
-    # the outlier row's input scale), e_s / e_h 0.17..0.5
-    assert e_h < 0.85 * e_p, (e_h, e_p)
-    assert e_s < 0.65 * e_h, (e_s, e_h)
+    # measured over 55 seeds (bench/NOTES.md): e_h / e_p 0.18..0.85 (the reference's signs-only
+    # Hessian ignores the outlier row's input scale), e_s / e_h 0.16..0.70. The bounds sit above
+    # the worst seen: LDLQ must still beat plain tiles, and the true Hessian the signs-only one.
+    assert e_h < 0.95 * e_p, (e_h, e_p)
+    assert e_s < 0.85 * e_h, (e_s, e_h)
     assert info_h.proxy_error < 0.05 and info_s.proxy_error < 0.05    # upstream bound at K=3
     # with W_r's true Hessian the proxy error predicts the output error (up to the output-side
-    # scales it leaves out; measured ratio 0.99..1.33 over 6 seeds, one later seed 1.73)
-    assert 0.7 < info_s.proxy_error / e_s < 2.0, (info_s.proxy_error, e_s)
+    # scales it leaves out; measured ratio 0.83..1.52 over 55 seeds, one earlier seed 1.73)
+    assert 0.6 < info_s.proxy_error / e_s < 2.2, (info_s.proxy_error, e_s)
 
 
 def test_finalize_hessian_falls_back_on_unusable_input():
@@ -157,3 +159,27 @@ def test_scale_sample_is_a_wrapped_diagonal_plus_extremes(rng, width):
     assert sample.shape == (len(want), 256)
     got = {tuple(np.argwhere(np.all(tiles == s, axis=-1))[0]) for s in sample}
     assert got == {tuple(int(v) for v in p) for p in want}
+
+
+def test_linears_quantized_together_equal_one_by_one(rng):
+    """quantize_linears runs LDLQ of several linears in lockstep (one encoder call per round of
+    strips); linears of different heights (rounds run out at different times), a shared Hessian
+    and a plain (no-Hessian) linear must come out bit-identical to quantizing each alone."""
+    rows = 256
+    x_a = rng.standard_normal((rows, 128)).astype(np.float32)
+    x_b = rng.standard_normal((rows, 256)).astype(np.float32)
+    h_a, h_b = x_a.T.astype(np.float64) @ x_a, x_b.T.astype(np.float64) @ x_b
+    linears = [LinearInput(llm_like_weight(rng, 128, 128), h_a, rows, seed=[1, 2]),
+               LinearInput(llm_like_weight(rng, 128, 256), h_a, rows, seed=[1, 2],
+                           bias=rng.standard_normal(256).astype(np.float32)),
+               LinearInput(llm_like_weight(rng, 256, 128), h_b, rows, seed=7),
+               LinearInput(llm_like_weight(rng, 128, 128), seed=9)]
+    together = quantize_linears(linears, 2, "mcg", mode="fast", hessian_scales=True)
+    for lin, (q, info) in zip(linears, together):
+        q1, info1 = quantize_linear(lin.w, 2, "mcg", lin.h_sum, lin.h_count, seed=lin.seed,
+                                    mode="fast", hessian_scales=True, bias=lin.bias)
+        np.testing.assert_array_equal(q.trellis, q1.trellis)
+        np.testing.assert_array_equal(q.suh, q1.suh)
+        np.testing.assert_array_equal(q.svh, q1.svh)
+        assert (q.bias is None) == (lin.bias is None)
+        assert info == info1 and info.used_hessian == (lin.h_sum is not None)

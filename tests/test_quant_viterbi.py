@@ -1,15 +1,21 @@
 """The tail-biting trellis encoder (exl3_jax.quant.viterbi) against the encoder invariants of
 shared/spec/test_models.md section 6 and an independent numpy Viterbi.
 
+encode_tiles runs numba loops on CPUs (viterbi_cpu) and the JAX search elsewhere; tests without a
+``backend`` argument exercise the numba one here, the others run both.
+
 Tile counts are small (CPU, 2 cores); heavier configurations are marked slow.
 """
 
 
+import importlib.util
+
+import jax
 import numpy as np
 import pytest
 
 from exl3_jax.format.spec import TILE_WEIGHTS
-from exl3_jax.quant.viterbi import encode_tiles
+from exl3_jax.quant.viterbi import BACKENDS, default_backend, encode_tiles
 from exl3_jax.trellis import codebook_table, decode_states, is_tail_biting, pack_codes, \
     unpack_states
 
@@ -18,6 +24,19 @@ MSE_BOUND = {1: 0.3, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1, 6: 0.07, 7: 0.05, 8: 0.04}
 MSE_MEASURED = {1: 0.27, 2: 0.070, 3: 0.018, 4: 0.0048, 5: 0.0014, 6: 0.0004, 8: 0.0001}
 # heavier configurations run only with EXL3_JAX_SLOW=1 (tests/conftest.py)
 slow = [pytest.mark.slow]
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+# both backends where numba is installed (it is a dependency; a --no-deps install may lack it)
+BACKEND_PARAMS = [pytest.param(b, marks=pytest.mark.skipif(b == "numba" and not HAVE_NUMBA,
+                                                           reason="numba is not installed"))
+                  for b in BACKENDS]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="numba is the CPU default only")
+def test_numba_backend_is_the_cpu_default():
+    # CI installs the package with its dependencies, numba among them: the fast CPU path must be
+    # the one that runs, or every build silently takes the slower XLA:CPU search
+    assert HAVE_NUMBA, "numba (a dependency) is not installed"
+    assert default_backend() == "numba"
 
 
 def gaussian_tiles(rng, n, codebook="mcg"):
@@ -78,10 +97,11 @@ def numpy_viterbi_cost(tile, K, codebook):
     return float(cost[edge0])
 
 
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 @pytest.mark.parametrize("K,codebook", [pytest.param(4, "3inst", marks=slow), (6, "mcg")])
-def test_exact_matches_independent_numpy_viterbi(rng, K, codebook):
+def test_exact_matches_independent_numpy_viterbi(rng, K, codebook, backend):
     tiles = gaussian_tiles(rng, 1, codebook)
-    states, values = encode_tiles(tiles, K, codebook, mode="exact")
+    states, values = encode_tiles(tiles, K, codebook, mode="exact", backend=backend)
     check_codeword(states, values, K, codebook)
     w16 = tiles.astype(np.float16).astype(np.float64)
     for i in range(1):
@@ -145,22 +165,24 @@ def random_codewords(rng, n, K, codebook):
                                              pytest.param(2.5, "mul1", "exact", marks=slow),
                                              (2, "mcg", "fast"), (2.5, "mul1", "fast"),
                                              (4, "mcg", "fast")])
-def test_valid_codeword_reencodes_losslessly(rng, mode, K, codebook):
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_valid_codeword_reencodes_losslessly(rng, mode, K, codebook, backend):
     # A zero-error path exists and is found. In the fast mode pass 1 sees only a window, but the
     # codeword's own path is the only zero-cost one through it in practice (measured: 16 of 16
     # tiles exact at K2 mcg, K2.5/K3 mul1, whose 913 distinct values tie more often, and K4 mcg).
     target = random_codewords(rng, 8, K, codebook)
-    states, values = encode_tiles(target, K, codebook, mode=mode)
+    states, values = encode_tiles(target, K, codebook, mode=mode, backend=backend)
     check_codeword(states, values, K, codebook)
     np.testing.assert_allclose(values.astype(np.float32), target, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 @pytest.mark.parametrize("mode,K", [("exact", 3), ("fast", 2)])
-def test_batch_independence(rng, mode, K):
+def test_batch_independence(rng, mode, K, backend):
     tiles = gaussian_tiles(rng, 3)
-    s_all, v_all = encode_tiles(tiles, K, "mcg", mode=mode, batch=3)
-    s_two, v_two = encode_tiles(tiles, K, "mcg", mode=mode, batch=2)      # padded last batch
-    s_one, v_one = encode_tiles(tiles[1:2], K, "mcg", mode=mode, batch=1)
+    s_all, v_all = encode_tiles(tiles, K, "mcg", mode=mode, batch=3, backend=backend)
+    s_two, v_two = encode_tiles(tiles, K, "mcg", mode=mode, batch=2, backend=backend)  # padded
+    s_one, v_one = encode_tiles(tiles[1:2], K, "mcg", mode=mode, batch=1, backend=backend)
     np.testing.assert_array_equal(s_all, s_two)
     np.testing.assert_array_equal(v_all, v_two)
     np.testing.assert_array_equal(s_all[1:2], s_one)
@@ -185,6 +207,27 @@ def test_half_rates_slow(rng, K):
     assert lo < rel_mse(values, tiles) < hi
 
 
+# every loop order of viterbi_cpu: j-inner (K <= 5), c-inner (K >= 6), and both phases of a half
+# rate; exact and fast pass-1 windows
+@pytest.mark.parametrize("K,codebook,mode", [(1, "mcg", "fast"), (3, "3inst", "exact"),
+                                             (4, "mcg", "fast"), (6, "mcg", "fast"),
+                                             (8, "mul1", "exact"), (2.5, "mul1", "fast"),
+                                             pytest.param(3.5, "mul1", "exact", marks=slow)])
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+def test_numba_and_jax_backends_find_equally_good_codewords(rng, K, codebook, mode):
+    """The two backends run the same search with the same fp32 operations, so they find paths of
+    the same cost; a last-ulp difference in XLA's arithmetic may break a near-tie the other way,
+    so states are compared through their cost (measured: identical states on 64 tiles per K)."""
+    tiles = gaussian_tiles(rng, 6, codebook)
+    w16 = tiles.astype(np.float16).astype(np.float64)
+    costs = {}
+    for backend in BACKENDS:
+        states, values = encode_tiles(tiles, K, codebook, mode=mode, backend=backend)
+        check_codeword(states, values, K, codebook)
+        costs[backend] = np.sum((values.astype(np.float64) - w16) ** 2, axis=1)
+    np.testing.assert_allclose(costs["numba"], costs["jax"], rtol=1e-5)
+
+
 def test_rejects_bad_arguments():
     tiles = np.zeros((1, TILE_WEIGHTS), np.float32)
     with pytest.raises(ValueError, match="mul1"):
@@ -193,5 +236,7 @@ def test_rejects_bad_arguments():
         encode_tiles(tiles, 9, "mcg")
     with pytest.raises(ValueError, match="mode"):
         encode_tiles(tiles, 2, "mcg", mode="greedy")
+    with pytest.raises(ValueError, match="backend"):
+        encode_tiles(tiles, 2, "mcg", backend="cuda")
     with pytest.raises(ValueError):
         encode_tiles(np.zeros((1, 255), np.float32), 2, "mcg")

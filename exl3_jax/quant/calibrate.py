@@ -33,14 +33,24 @@ def calibration_rows(ids: Sequence[int], seq_len: int) -> np.ndarray:
 
 
 class _Recorder:
-    """Stands in for a linear during a capture run: records its input, then calls it."""
+    """Stands in for a linear during a capture run: records its input (the array itself, so
+    linears fed the same array are recognised as sharing it), then calls it."""
 
     def __init__(self, inner, sink: list):
         self.inner, self.sink = inner, sink
 
     def __call__(self, x):
-        self.sink.append(np.asarray(x, np.float32).reshape(-1, x.shape[-1]))
+        self.sink.append(x)
         return self.inner(x)
+
+
+def input_hessian(chunks: list) -> tuple[np.ndarray, int]:
+    """H = sum x^T x (float64 accumulation, stored float32) over the rows of the recorded inputs
+    [..., k], and the row count; rows with inf/nan are dropped."""
+    x = np.concatenate([np.asarray(c, np.float32).reshape(-1, c.shape[-1]) for c in chunks])
+    x = x.astype(np.float64)
+    x = x[np.all(np.isfinite(x), axis=1)]
+    return (x.T @ x).astype(np.float32), int(x.shape[0])
 
 
 def _resolve(module, path: str):
@@ -102,12 +112,15 @@ class ModelCalibration:
     def _capture(self, i: int) -> None:
         sinks = {path: [] for path in self._linear_paths(i)}
         self._run_layer(i, sinks)
+        computed: list[tuple[list, tuple[np.ndarray, int]]] = []
         for path, chunks in sinks.items():
-            x = np.concatenate(chunks).astype(np.float64)
-            keep = np.all(np.isfinite(x), axis=1)                 # rows with inf/nan are dropped
-            x = x[keep]
-            self._hessians[f"model.layers.{i}.{path}"] = ((x.T @ x).astype(np.float32),
-                                                          int(x.shape[0]))
+            # q/k/v (and gate/up) are called on the same array: one H for all of them
+            h = next((h for seen, h in computed if len(seen) == len(chunks)
+                      and all(a is b for a, b in zip(seen, chunks))), None)
+            if h is None:
+                h = input_hessian(chunks)
+                computed.append((chunks, h))
+            self._hessians[f"model.layers.{i}.{path}"] = h
         self._captured_layer = i
 
     def hessian(self, key: str) -> tuple[np.ndarray, int] | None:

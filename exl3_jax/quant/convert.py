@@ -29,8 +29,8 @@ import numpy as np
 from ..format import Exl3Writer, TensorStore
 from ..format.spec import TILE
 from ..trellis.weight import Exl3Weight
-from .ldlq import QuantizeInfo, padded, quantize_linear
-from .regularize import estimate_search_tiles
+from .ldlq import LinearInput, QuantizeInfo, padded, quantize_linears
+from .regularize import estimate_search_tiles, search_width
 from .viterbi import check_rate
 
 LAYER_LINEAR = re.compile(r"^(?P<prefix>.*\blayers\.(?P<layer>\d+)\.)(?P<path>.*_proj)\.weight$")
@@ -132,11 +132,14 @@ def output_config(config: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class LinearReport:
+    """One quantized linear: its key, rate, logical (in, out) shape, what ``quantize_linears``
+    reported, and the wall time of the group (the layer's linears at one rate) it was quantized
+    in."""
     key: str
     K: float
     shape: tuple[int, int]
     info: QuantizeInfo
-    seconds: float
+    group_seconds: float
 
 
 class Progress(Protocol):
@@ -223,7 +226,8 @@ def convert_hf(source: str | Path, output: str | Path, *, bits: float, head_bits
     progress = progress or NullProgress()
     layers = sorted({j.layer for j in jobs if j.layer >= 0})
     total_tiles = sum(j.tiles + estimate_search_tiles(padded(j.shape[0]) // TILE,
-                                                      padded(j.shape[1]) // TILE) for j in jobs)
+                                                      padded(j.shape[1]) // TILE,
+                                                      search_width(mode)) for j in jobs)
     reports: list[LinearReport] = []
 
     progress.start(len(layers) + (1 if any(j.layer < 0 for j in jobs) else 0), total_tiles)
@@ -236,17 +240,18 @@ def convert_hf(source: str | Path, output: str | Path, *, bits: float, head_bits
                     writer.add_file(fname, source / fname)
             for layer in layers + [-1]:
                 done: dict[str, Exl3Weight] = {}
-                for job in (j for j in jobs if j.layer == layer):
-                    weight, report = quantize_job(store, job, codebook, mode, seed, out_scales,
-                                                  hessians, progress.tiles, hessian_scales)
-                    writer.add_linear(job.key, weight.trellis, weight.suh, weight.svh, codebook,
-                                      weight.bias)
-                    done[job.key] = weight
-                    reports.append(report)
-                    if log is not None:
-                        log(f"{job.key}: K={job.K:g} {job.shape[0]}x{job.shape[1]} proxy error "
-                            f"{report.info.proxy_error:.5f} g={report.info.g:.3f} "
-                            f"({report.seconds:.1f} s)")
+                layer_jobs = [j for j in jobs if j.layer == layer]
+                for group in lockstep_groups(layer_jobs):
+                    for job, (weight, report) in zip(group, quantize_group(
+                            store, group, codebook, mode, seed, out_scales, hessians,
+                            progress.tiles, hessian_scales)):
+                        writer.add_linear(job.key, weight.trellis, weight.suh, weight.svh,
+                                          codebook, weight.bias)
+                        done[job.key] = weight
+                        reports.append(report)
+                        if log is not None:
+                            log(f"{job.key}: K={job.K:g} {job.shape[0]}x{job.shape[1]} proxy "
+                                f"error {report.info.proxy_error:.5f} g={report.info.g:.3f}")
                 if hessians is not None and layer >= 0:
                     hessians.layer_done(layer, done)
                 if done:
@@ -261,23 +266,49 @@ def convert_hf(source: str | Path, output: str | Path, *, bits: float, head_bits
     return reports
 
 
-def quantize_job(store: TensorStore, job: LinearJob, codebook: str, mode: str, seed: int,
-                 out_scales: str, hessians: HessianProvider | None,
-                 tiles_done: Callable[[int], None],
-                 hessian_scales: bool = False) -> tuple[Exl3Weight, LinearReport]:
-    """Read, transpose to (in, out) and quantize one source linear (with its bias, if any)."""
+GROUP_WEIGHTS = 1 << 26      # weights quantized together at most (LDLQ keeps ~20 bytes each)
+
+
+def lockstep_groups(jobs: list[LinearJob]) -> list[list[LinearJob]]:
+    """A layer's linears split into groups quantized together: one rate per group, in job order,
+    at most GROUP_WEIGHTS weights each (a large MoE layer is many groups; a lone linear larger
+    than that is a group by itself)."""
+    groups: list[list[LinearJob]] = []
+    for K in dict.fromkeys(j.K for j in jobs):
+        group, size = [], 0
+        for job in (j for j in jobs if j.K == K):
+            weights = job.shape[0] * job.shape[1]
+            if group and size + weights > GROUP_WEIGHTS:
+                groups.append(group)
+                group, size = [], 0
+            group.append(job)
+            size += weights
+        groups.append(group)
+    return groups
+
+
+def quantize_group(store: TensorStore, group: list[LinearJob], codebook: str, mode: str,
+                   seed: int, out_scales: str, hessians: HessianProvider | None,
+                   tiles_done: Callable[[int], None], hessian_scales: bool = False
+                   ) -> list[tuple[Exl3Weight, LinearReport]]:
+    """Read, transpose to (in, out) and quantize source linears of one rate together (with their
+    biases, if any), via ``quantize_linears``."""
     t0 = time.perf_counter()
-    w = np.asarray(store.read(job.source), np.float32).T
-    bias_name = f"{job.key}.bias"
-    bias = (np.asarray(store.read(bias_name), np.float32)
-            if job.layer >= 0 and bias_name in store else None)
-    h = hessians.hessian(job.key) if hessians is not None else None
-    weight, info = quantize_linear(w, job.K, codebook, None if h is None else h[0],
-                                   0 if h is None else h[1], seed=qmap_seed(seed, job.qmap),
-                                   mode=mode, out_scales=out_scales,
-                                   hessian_scales=hessian_scales, bias=bias, progress=tiles_done)
-    return weight, LinearReport(job.key, job.K, job.shape, info, time.perf_counter() - t0)
+    inputs = []
+    for job in group:
+        w = np.asarray(store.read(job.source), np.float32).T
+        bias_name = f"{job.key}.bias"
+        bias = (np.asarray(store.read(bias_name), np.float32)
+                if job.layer >= 0 and bias_name in store else None)
+        h = hessians.hessian(job.key) if hessians is not None else None
+        inputs.append(LinearInput(w, None if h is None else h[0], 0 if h is None else h[1],
+                                  qmap_seed(seed, job.qmap), bias))
+    results = quantize_linears(inputs, group[0].K, codebook, mode=mode, out_scales=out_scales,
+                               hessian_scales=hessian_scales, progress=tiles_done)
+    seconds = time.perf_counter() - t0
+    return [(weight, LinearReport(job.key, job.K, job.shape, info, seconds))
+            for job, (weight, info) in zip(group, results)]
 
 
 __all__ = ["HessianProvider", "LinearJob", "LinearReport", "NullProgress", "RichProgress",
-           "convert_hf", "plan", "quantize_job"]
+           "convert_hf", "plan", "quantize_group"]

@@ -37,6 +37,11 @@ BITS = 4
 HEAD_BITS = 6
 CODEBOOK = "mcg"
 MODE = "fast"
+# LDLQ with W_r's true Hessian (``quantize_linear(hessian_scales=True)``), not the signs-only one
+HESSIAN_SCALES = True
+# Bumped when an encoder change alters what the recipe produces (r2: the fast mode's one-diagonal
+# scale search, Hessian scales), so an older cache is rebuilt rather than taken for this recipe.
+RECIPE_REVISION = 2
 CALIBRATION_SEQ_LEN = 256
 # Calibration text sets (files in DATA_DIR, concatenated in this order). "hand" is the hand-written
 # set alone (about 1.6k tokens); "self" adds text the source model generated itself
@@ -50,7 +55,7 @@ def model_dir_name(bits: float = BITS, mode: str = MODE, calibration: str = CALI
     """Cache directory name of the default recipe (other bit rates, encoder modes and calibration
     sets are built for quality comparisons; each has its own name)."""
     return (f"SmolLM2-135M-Instruct-exl3-{bits:g}bpw-h{HEAD_BITS}-{CODEBOOK}-{mode}"
-            f"-cal{calibration}")
+            f"-cal{calibration}-r{RECIPE_REVISION}")
 
 
 def calibration_text(calibration: str = CALIBRATION) -> str:
@@ -167,7 +172,8 @@ def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: 
 
     The build: fetch the GGUF (``fetch_gguf``), import it (``source_model``), capture Hessians
     layer by layer on the shipped calibration text (``calibration_text``) and quantize with
-    ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE above; the encoder mode is recorded in
+    ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE / HESSIAN_SCALES above; the encoder mode is
+    recorded in
     quantization_config.json). The manifest is written last. ``progress`` is a
     ``convert.Progress`` (e.g. ``RichProgress()``); ``keep_source=False`` removes the 0.5 GB
     unquantized import afterwards. ``bits``, ``mode`` and ``calibration`` build a variant of the
@@ -186,7 +192,8 @@ def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: 
     source = source_model(root, log=log)
     hessians = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
     convert_hf(source, out, bits=bits, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=mode,
-               hessians=hessians, progress=progress, overwrite=True)
+               hessians=hessians, hessian_scales=HESSIAN_SCALES, progress=progress,
+               overwrite=True)
     write_manifest(out)
     if not keep_source:
         shutil.rmtree(root / SOURCE_DIR, ignore_errors=True)

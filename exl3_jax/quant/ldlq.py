@@ -19,8 +19,8 @@ import numpy as np
 from ..format.spec import HADAMARD_BLOCK, TILE
 from ..trellis.bitstream import pack_codes
 from ..trellis.weight import Exl3Weight
-from .regularize import from_tiles, hadamard_left, hadamard_right, random_signs, regularize, \
-    to_tiles
+from .regularize import (from_tiles, hadamard_left, hadamard_right, random_signs, regularize,
+                         search_width, to_tiles)
 from .viterbi import check_rate, encode_tiles
 
 SIGMA_REG = 0.025
@@ -112,34 +112,55 @@ def block_ldl(h: np.ndarray, *, block: int = LDL_BLOCK, damp: float = 0.0) -> np
 TileEncoder = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def quantize_plain(w_r: np.ndarray, encode: TileEncoder) -> tuple[np.ndarray, np.ndarray]:
-    """Fallback: every tile on its own. w_r float32 [k, n] -> (W_hat float32 [k, n],
-    states uint16 [k/16, n/16, 256])."""
-    tiles = to_tiles(w_r)
-    tk, tn, _ = tiles.shape
-    states, values = encode(tiles.reshape(tk * tn, -1))
-    return (from_tiles(values.astype(np.float32).reshape(tk, tn, -1)),
-            states.reshape(tk, tn, -1))
+def ldlq(items: Sequence[tuple[np.ndarray, np.ndarray | None]],
+         encode: TileEncoder) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Spec 6.4 for several linears at once. Each item is (W_r float32 [k, n], L float64 [k, k]
+    strictly block-lower, or None for plain tile quantization). LDLQ takes strips of 16 rows from
+    the last to the first; strip b's target is W_r[b] + sum_{c > b} L[c, b]^T (W_r[c] - W_hat[c]).
 
+    Strips depend on the strips below them in the same linear only, so round r encodes the r-th
+    strip of every linear (and, in round 0, every plain linear whole) in one encoder call: a
+    layer's 16-row strips are 12-96 tiles each, too few to keep the encoder busy alone. Results
+    equal linear-by-linear LDLQ (the encoder is per tile).
 
-def ldlq(w_r: np.ndarray, L: np.ndarray, encode: TileEncoder) -> tuple[np.ndarray, np.ndarray]:
-    """Spec 6.4: strips of 16 rows from the last to the first; strip b's target is
-    W_r[b] + sum_{c > b} L[c, b]^T (W_r[c] - W_hat[c]).
-
-    w_r float32 [k, n], L float64 [k, k] strictly block-lower -> (W_hat float32 [k, n],
-    states uint16 [k/16, n/16, 256])."""
-    k, n = w_r.shape
-    w_hat = np.zeros_like(w_r)
-    states = np.zeros((k // TILE, n // TILE, 256), np.uint16)
-    err = np.zeros((k, n), np.float64)                 # W_r - W_hat of the strips done so far
-    for b in reversed(range(k // TILE)):
-        rows = slice(TILE * b, TILE * (b + 1))
-        below = slice(TILE * (b + 1), k)
-        target = w_r[rows] + (L[below, rows].T @ err[below]).astype(np.float32)
-        q, st = quantize_plain(target, encode)
-        w_hat[rows], states[b] = q, st[0]
-        err[rows] = w_r[rows] - q
-    return w_hat, states
+    Returns (W_hat float32 [k, n], states uint16 [k/16, n/16, 256]) per item.
+    """
+    out = [(np.zeros_like(w_r), np.zeros((w_r.shape[0] // TILE, w_r.shape[1] // TILE, 256),
+                                         np.uint16)) for w_r, _ in items]
+    # W_r - W_hat of the strips done so far, per LDLQ item
+    errs = [None if L is None else np.zeros(w_r.shape, np.float64) for w_r, L in items]
+    rounds = max([w_r.shape[0] // TILE for w_r, L in items if L is not None] + [1])
+    for r in range(rounds):
+        parts = []                           # (item, strip or None for all, tiles [tk, tn, 256])
+        for i, (w_r, L) in enumerate(items):
+            k = w_r.shape[0]
+            if L is None:
+                if r == 0:
+                    parts.append((i, None, to_tiles(w_r)))
+                continue
+            b = k // TILE - 1 - r
+            if b < 0:
+                continue
+            rows, below = slice(TILE * b, TILE * (b + 1)), slice(TILE * (b + 1), k)
+            target = w_r[rows] + (L[below, rows].T @ errs[i][below]).astype(np.float32)
+            parts.append((i, b, to_tiles(target)))
+        if not parts:
+            continue
+        states, values = encode(np.concatenate([t.reshape(-1, 256) for _, _, t in parts]))
+        lo = 0
+        for i, b, tiles in parts:
+            tk, tn, _ = tiles.shape
+            st = states[lo:lo + tk * tn].reshape(tk, tn, -1)
+            q = from_tiles(values[lo:lo + tk * tn].astype(np.float32).reshape(tk, tn, -1))
+            lo += tk * tn
+            w_hat, all_states = out[i]
+            if b is None:
+                w_hat[:], all_states[:] = q, st
+            else:
+                rows = slice(TILE * b, TILE * (b + 1))
+                w_hat[rows], all_states[b] = q, st[0]
+                errs[i][rows] = items[i][0][rows] - q
+    return out
 
 
 def proxy_error(w_r: np.ndarray, w_hat: np.ndarray, h: np.ndarray | None) -> float:
@@ -161,46 +182,44 @@ class QuantizeInfo:
     out_scales_applied: bool
 
 
-def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | None = None,
-                    h_count: int = 0, *, seed: int | Sequence[int] = 0, mode: str = "exact",
-                    out_scales: str = "always", hessian_scales: bool = False,
-                    bias: np.ndarray | None = None,
-                    progress: Callable[[int], None] | None = None
-                    ) -> tuple[Exl3Weight, QuantizeInfo]:
-    """Quantize one linear to EXL3.
+@dataclasses.dataclass
+class LinearInput:
+    """One linear for ``quantize_linears``: w float [k_logical, n_logical] (in x out, the transpose
+    of an HF Linear.weight); h_sum, h_count: accumulated X^T X [k_logical or padded k, same] over
+    h_count input rows, or None for the no-Hessian fallback; seed of the sign flips (int or ints,
+    as np.random.default_rng takes; linears sharing an input share the seed, hence su_sign);
+    bias float [n_logical] or None."""
+    w: np.ndarray
+    h_sum: np.ndarray | None = None
+    h_count: int = 0
+    seed: int | Sequence[int] = 0
+    bias: np.ndarray | None = None
+
+
+def quantize_linears(linears: Sequence[LinearInput], K: float, codebook: str, *,
+                     mode: str = "exact", out_scales: str = "always",
+                     hessian_scales: bool = False,
+                     progress: Callable[[int], None] | None = None
+                     ) -> list[tuple[Exl3Weight, QuantizeInfo]]:
+    """Quantize linears to EXL3 at one rate: each is regularised (with its own global-scale
+    search), then all go through LDLQ together (``ldlq``: one encoder call per round of strips).
+    Results equal quantizing them one by one.
 
     Args:
-      w: float [k_logical, n_logical] in x out (the transpose of an HF Linear.weight).
+      linears: the weights, Hessians, seeds and biases (``LinearInput``).
       K: bits per weight (1..8, or 1.5/2.5/3.5 with mul1); codebook "3inst" | "mcg" | "mul1".
-      h_sum, h_count: accumulated X^T X [k_logical or padded k, same] over h_count input rows,
-        or None for the no-Hessian fallback (plain tile quantization of W_r).
-      seed: RNG seed (int or ints, as np.random.default_rng takes) of the sign flips (the
-        reference seeds with the module index; linears sharing an input share su_sign = the seed).
       mode: encoder mode, "exact" or "fast" (the global-scale search always uses "fast": it only
-        ranks candidate scales).
+        ranks candidate scales; "fast" also searches a narrower sample, ``search_width``).
       out_scales: "always" | "never" | "auto".
       hessian_scales: False (the reference): LDLQ and the proxy error use H rotated with the
         input signs only. True: with the full input scales su, i.e. W_r's actual Hessian; this
         lowers the real output error where the input-channel scales are uneven (outlier rows).
-      bias: optional float [n_logical], stored fp16 padded to n.
       progress: called with the number of tiles encoded (scale search and final quantization).
     Returns:
-      (Exl3Weight with numpy leaves: trellis int16 [k/16, n/16, W], suh/svh float16, bias,
-       in_features/out_features = the logical sizes; QuantizeInfo).
+      per linear: (Exl3Weight with numpy leaves: trellis int16 [k/16, n/16, W], suh/svh float16,
+      bias, in_features/out_features = the logical sizes; QuantizeInfo).
     """
     K = check_rate(K, codebook)
-    w = np.asarray(w, np.float32)
-    k_log, n_log = w.shape
-    k, n = padded(k_log), padded(n_log)
-    w = pad_to(w, (k, n))
-    rng = np.random.default_rng(seed)
-    su_sign = random_signs(rng, k)
-    sv_sign = random_signs(rng, n)
-
-    hessian = None
-    if h_sum is not None:
-        hessian = finalize_hessian(pad_to(np.asarray(h_sum, np.float64), (k, k)), h_count,
-                                   su_sign)
 
     def search_quantize(tiles):
         return encode_tiles(tiles, K, codebook, mode="fast", progress=progress)[1]
@@ -208,21 +227,50 @@ def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | 
     def encode(tiles):
         return encode_tiles(tiles, K, codebook, mode=mode, progress=progress)
 
-    reg = regularize(w, su_sign, sv_sign, search_quantize, out_scales=out_scales,
-                     h_diag=None if hessian is None else hessian.h_diag)
-    if hessian is not None and hessian_scales:
-        h_rot, L = rotate_hessian(hessian.h_reg, reg.su, hessian.damp)
-        hessian = dataclasses.replace(hessian, h_rot=h_rot, L=L)
-    if hessian is None:
-        w_hat, states = quantize_plain(reg.w_r, encode)
-    else:
-        w_hat, states = ldlq(reg.w_r, hessian.L, encode)
-    err = proxy_error(reg.w_r, w_hat, None if hessian is None else hessian.h_rot)
+    prepared = []
+    for lin in linears:
+        w = np.asarray(lin.w, np.float32)
+        k, n = padded(w.shape[0]), padded(w.shape[1])
+        rng = np.random.default_rng(lin.seed)
+        su_sign = random_signs(rng, k)
+        sv_sign = random_signs(rng, n)
+        hessian = None
+        if lin.h_sum is not None:
+            hessian = finalize_hessian(pad_to(np.asarray(lin.h_sum, np.float64), (k, k)),
+                                       lin.h_count, su_sign)
+        reg = regularize(pad_to(w, (k, n)), su_sign, sv_sign, search_quantize,
+                         out_scales=out_scales,
+                         h_diag=None if hessian is None else hessian.h_diag,
+                         sample_width=search_width(mode))
+        if hessian is not None and hessian_scales:
+            h_rot, L = rotate_hessian(hessian.h_reg, reg.su, hessian.damp)
+            hessian = dataclasses.replace(hessian, h_rot=h_rot, L=L)
+        prepared.append((reg, hessian))
 
-    trellis = np.asarray(pack_codes(states, K))
-    bias16 = None if bias is None else pad_to(np.asarray(bias, np.float32), (n,)).astype(np.float16)
-    weight = Exl3Weight.create(trellis, reg.su.astype(np.float16), reg.sv.astype(np.float16),
-                               codebook, bias16, in_features=k_log, out_features=n_log)
-    return weight, QuantizeInfo(proxy_error=err, g=reg.g, mode=mode,
-                                used_hessian=hessian is not None,
-                                out_scales_applied=reg.out_scales_applied)
+    encoded = ldlq([(reg.w_r, None if h is None else h.L) for reg, h in prepared], encode)
+    results = []
+    for lin, (reg, hessian), (w_hat, states) in zip(linears, prepared, encoded):
+        err = proxy_error(reg.w_r, w_hat, None if hessian is None else hessian.h_rot)
+        k_log, n_log = np.shape(lin.w)
+        n = padded(n_log)
+        bias16 = (None if lin.bias is None else
+                  pad_to(np.asarray(lin.bias, np.float32), (n,)).astype(np.float16))
+        weight = Exl3Weight.create(np.asarray(pack_codes(states, K)), reg.su.astype(np.float16),
+                                   reg.sv.astype(np.float16), codebook, bias16,
+                                   in_features=k_log, out_features=n_log)
+        results.append((weight, QuantizeInfo(proxy_error=err, g=reg.g, mode=mode,
+                                             used_hessian=hessian is not None,
+                                             out_scales_applied=reg.out_scales_applied)))
+    return results
+
+
+def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | None = None,
+                    h_count: int = 0, *, seed: int | Sequence[int] = 0, mode: str = "exact",
+                    out_scales: str = "always", hessian_scales: bool = False,
+                    bias: np.ndarray | None = None,
+                    progress: Callable[[int], None] | None = None
+                    ) -> tuple[Exl3Weight, QuantizeInfo]:
+    """``quantize_linears`` of one linear (arguments as ``LinearInput`` and there)."""
+    return quantize_linears([LinearInput(w, h_sum, h_count, seed, bias)], K, codebook, mode=mode,
+                            out_scales=out_scales, hessian_scales=hessian_scales,
+                            progress=progress)[0]

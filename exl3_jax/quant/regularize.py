@@ -89,10 +89,17 @@ def scale_sample_tiles(w_r: np.ndarray, width: int = 3) -> np.ndarray:
     return np.stack([tiles[i, j] for i, j in sorted(picks)])
 
 
-def estimate_search_tiles(tk: int, tn: int) -> int:
+def search_width(mode: str) -> int:
+    """Diagonal width of the global-scale search sample for an encoder mode: the reference's 3
+    for "exact"; 1 for "fast", where it cuts the search by 64% and moves the body error by under
+    1% (bench/NOTES.md, encoder_scale_search_sample_cpu_2026-12-03.json)."""
+    return 1 if mode == "fast" else 3
+
+
+def estimate_search_tiles(tk: int, tn: int, width: int = 3) -> int:
     """Tiles the global-scale search encodes for a [16 tk, 16 tn] weight (for progress bars; the
     two extreme-RMS tiles may coincide with the diagonal, so this can overcount by up to 2)."""
-    picks = len({(i, (i + d) % tn) for i in range(tk) for d in range(3)}) + 2
+    picks = len({(i, (i + d) % tn) for i in range(tk) for d in range(width)}) + 2
     return len(COARSE_SCALES) * (-(-picks // 3)) + 5 * picks
 
 
@@ -142,7 +149,7 @@ class Regularized:
 
 def regularize(w: np.ndarray, su_sign: np.ndarray, sv_sign: np.ndarray,
                quantize: TileQuantizer | None, *, out_scales: str = "always",
-               h_diag: np.ndarray | None = None) -> Regularized:
+               h_diag: np.ndarray | None = None, sample_width: int = 3) -> Regularized:
     """Spec 6.3 on a padded weight.
 
     Args:
@@ -151,6 +158,7 @@ def regularize(w: np.ndarray, su_sign: np.ndarray, sv_sign: np.ndarray,
       quantize: tile encoder for the global-scale search, or None to skip the search (g = 1).
       out_scales: "always" | "never" | "auto" (auto: apply when ``input_is_regular(h_diag)``).
       h_diag: diag of the regularised Hessian (before rotation), for "auto".
+      sample_width: diagonal width of the search sample (``scale_sample_tiles``).
     """
     if out_scales not in OUT_SCALE_MODES:
         raise ValueError(f"out_scales must be one of {OUT_SCALE_MODES}")
@@ -178,7 +186,8 @@ def regularize(w: np.ndarray, su_sign: np.ndarray, sv_sign: np.ndarray,
     su = (su_sign * ic / -CODEBOOK_SCALE).astype(np.float32)
     w_r = hadamard_left(w / su[:, None])
 
-    g = 1.0 if quantize is None else search_global_scale(scale_sample_tiles(w_r), quantize)
+    g = 1.0 if quantize is None else search_global_scale(
+        scale_sample_tiles(w_r, sample_width), quantize)
     return Regularized(w_r=(w_r * np.float32(g)).astype(np.float32),
                        su=(su / np.float32(g)).astype(np.float32), sv=sv, g=g,
                        out_scales_applied=bool(apply))

@@ -24,6 +24,10 @@ passes, as the reference does: pass 1, unconstrained, finds the best path's edge
   numba loop and an M-algorithm were tried before: once the exact step packed its argmin into
   the min (``_exact_step``), all of them were slower than exact Viterbi on CPU.)
 
+Two backends run this search: the JAX code below (any JAX device; the GPU's) and, on CPUs, the
+numba loops of ``viterbi_cpu`` with the same arithmetic and loop orders chosen for the CPU's
+vector units (``encode_tiles(backend=...)``; ``default_backend``).
+
 Costs are accumulated in fp32 (the reference uses fp16, so near-ties may resolve differently; the
 format does not care which of two equally good codewords is stored). Targets are rounded to fp16
 first, as the reference does, which also makes a valid codeword re-encode with zero error in the
@@ -33,6 +37,7 @@ exact search.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Callable
 
 import jax
@@ -45,6 +50,7 @@ from ..trellis.bitstream import ring_layout
 from ..trellis.codebook import check_codebook, codebook_table
 
 MODES = ("exact", "fast")
+BACKENDS = ("jax", "numba")
 STATE_BITS = 16
 N_STATES = 1 << STATE_BITS
 
@@ -54,7 +60,7 @@ FAST_PASS1_AFTER = 32
 
 
 @functools.lru_cache(maxsize=None)
-def _table_f32(codebook: str) -> np.ndarray:
+def decode_table_f32(codebook: str) -> np.ndarray:
     """Decoded value of every state as fp32 [65536] (exact: fp16 values are fp32-representable)."""
     with jax.ensure_compile_time_eval():
         table = np.asarray(codebook_table(codebook), dtype=np.float32)
@@ -185,16 +191,26 @@ def _encode_exact(w, table, steps: tuple[int, ...], edge0):
 @functools.partial(jax.jit, static_argnames=("K", "mode"))
 def _encode_batch(w, table, *, K: float, mode: str):
     """w float32 [B, 256], table float32 [65536] (decoded value per state)
-    -> (states uint16 [B, 256], values float16 [B, 256])."""
+    -> states uint16 [B, 256]."""
     w = w.astype(jnp.float16).astype(jnp.float32)
     steps = step_bits(K)[:_period(K)]
+    edge0 = _entry_edge(w, table, steps, *pass1_window(mode))
+    return _encode_exact(w, table, steps, edge0).astype(jnp.uint16)
+
+
+def pass1_window(mode: str) -> tuple[int, int]:
+    """(first element, length) of pass 1: the whole ring from element 128 in the exact mode, the
+    window 192..255, 0..31 in the fast one."""
     if mode == "exact":
-        edge0 = _entry_edge(w, table, steps, TILE_WEIGHTS // 2, TILE_WEIGHTS)
-    else:
-        edge0 = _entry_edge(w, table, steps, TILE_WEIGHTS - FAST_PASS1_BEFORE,
-                            FAST_PASS1_BEFORE + FAST_PASS1_AFTER)
-    states = _encode_exact(w, table, steps, edge0).astype(jnp.uint16)
-    return states, table[states.astype(jnp.int32)].astype(jnp.float16)
+        return TILE_WEIGHTS // 2, TILE_WEIGHTS
+    return TILE_WEIGHTS - FAST_PASS1_BEFORE, FAST_PASS1_BEFORE + FAST_PASS1_AFTER
+
+
+def default_backend() -> str:
+    """"numba" where JAX runs on the CPU and numba imports (its loops run the same search ~1.4x
+    (K4) to 2.5x (K6) faster than XLA:CPU, bench/NOTES.md), else "jax"."""
+    numba = importlib.util.find_spec("numba") is not None
+    return "numba" if jax.default_backend() == "cpu" and numba else "jax"
 
 
 def check_rate(K: float, codebook: str) -> float:
@@ -206,19 +222,22 @@ def check_rate(K: float, codebook: str) -> float:
     return int(K) if K == int(K) else float(K)
 
 
-def default_batch(K: float) -> int:
-    """Tiles per jitted batch. On CPU, larger batches than 16 were not faster (the per-step
+def default_batch(K: float, backend: str = "jax") -> int:
+    """Tiles per call. numba: 64 (memory is per thread, so this only sets how often progress is
+    reported). JAX on CPU, larger batches than 16 were not faster (the per-step
     working set leaves the caches) and the exact search's back pointers (256 steps x 2^(16-D)
     bytes per tile and pass) are kept to about 128 MiB (8 MiB per tile at K=1). On a GPU,
     throughput grows up to a few hundred tiles per call (bench/results/encoder_gpu_h200.json),
     so up to 512 tiles and 2 GiB of back pointers."""
+    if backend == "numba":
+        return 64
     per_tile = TILE_WEIGHTS * (N_STATES >> int(K))
     cap, budget = (512, 2 << 30) if jax.default_backend() == "gpu" else (16, 128 << 20)
     return int(max(1, min(cap, budget // per_tile)))
 
 
 def encode_tiles(tiles, K: float, codebook: str, *, mode: str = "exact",
-                 batch: int | None = None,
+                 batch: int | None = None, backend: str | None = None,
                  progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Trellis-quantize tiles (sequence order) with a tail-biting encoder.
 
@@ -227,7 +246,10 @@ def encode_tiles(tiles, K: float, codebook: str, *, mode: str = "exact",
       K: bits per weight, 1..8 or 1.5/2.5/3.5 (mul1 only).
       codebook: "3inst", "mcg" or "mul1".
       mode: "exact" or "fast" (pass 1 over a window around the wrap; see the module docstring).
-      batch: tiles per jitted call (memory bound); results do not depend on it.
+      batch: tiles per call (the jitted program's batch, memory bound; for numba, the progress
+        granularity); results do not depend on it.
+      backend: "jax" (this module, any JAX device) or "numba" (``viterbi_cpu``, the same search as
+        CPU loops); None picks ``default_backend()``.
       progress: called with the number of tiles finished after each batch.
     Returns:
       states uint16 [N, 256] (sequence order, tail-biting; ``pack_codes(states, K)`` packs them)
@@ -236,26 +258,34 @@ def encode_tiles(tiles, K: float, codebook: str, *, mode: str = "exact",
     K = check_rate(K, codebook)
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    backend = default_backend() if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown encoder backend {backend!r}; expected one of {BACKENDS}")
     tiles = np.asarray(tiles, dtype=np.float32)
     if tiles.ndim != 2 or tiles.shape[1] != TILE_WEIGHTS:
         raise ValueError(f"tiles must be [N, 256], got {tiles.shape}")
     N = tiles.shape[0]
     if batch is None:
         # even batches: 36 tiles run as 3 x 12, not 3 x 16 with 12 tiles of padding
-        n_batches = max(1, -(-N // default_batch(K)))
+        n_batches = max(1, -(-N // default_batch(K, backend)))
         batch = -(-N // n_batches) if N else 1
     batch = max(1, min(int(batch), N)) if N else 1
-    table = jnp.asarray(_table_f32(codebook))
+    table_np = decode_table_f32(codebook)
+    table = jnp.asarray(table_np) if backend == "jax" else None
     states = np.zeros((N, TILE_WEIGHTS), np.uint16)
-    values = np.zeros((N, TILE_WEIGHTS), np.float16)
     for lo in range(0, N, batch):
         chunk = tiles[lo:lo + batch]
         n = chunk.shape[0]
-        if n < batch:           # pad to a fixed shape so one compiled program serves every batch
-            chunk = np.concatenate([chunk, np.zeros((batch - n, TILE_WEIGHTS), np.float32)])
-        s, v = _encode_batch(jnp.asarray(chunk), table, K=K, mode=mode)
-        states[lo:lo + n] = np.asarray(s)[:n]
-        values[lo:lo + n] = np.asarray(v)[:n]
+        if backend == "numba":
+            from .viterbi_cpu import encode_states
+            w = chunk.astype(np.float16).astype(np.float32)
+            steps = step_bits(K)[:_period(K)]
+            states[lo:lo + n] = encode_states(w, codebook, steps, *pass1_window(mode))
+        else:
+            if n < batch:       # pad to a fixed shape so one compiled program serves every batch
+                chunk = np.concatenate([chunk, np.zeros((batch - n, TILE_WEIGHTS), np.float32)])
+            s = _encode_batch(jnp.asarray(chunk), table, K=K, mode=mode)
+            states[lo:lo + n] = np.asarray(s)[:n]
         if progress is not None:
             progress(n)
-    return states, values
+    return states, table_np[states.astype(np.int64)].astype(np.float16)
