@@ -6,7 +6,8 @@ Usage: python scripts/bench_encoder.py [--K 2 3 4] [--tiles 32] [--codebook mcg]
 
 For every K and backend: encodes the same N(0, sigma^2) tiles (sigma = the codebook's std) in both
 modes, after one warm-up call (compilation) on the same shapes; reports tiles/s, the relative MSE
-of each mode and their ratio. Writes one JSON document (date, versions, machine, load average, results).
+of each mode and their ratio. Writes one JSON document (date, versions, machine, load average,
+results).
 Timings on a shared machine are noisy: the load average at start and end is recorded.
 """
 

@@ -173,8 +173,7 @@ def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: 
     The build: fetch the GGUF (``fetch_gguf``), import it (``source_model``), capture Hessians
     layer by layer on the shipped calibration text (``calibration_text``) and quantize with
     ``convert_hf`` (BITS / HEAD_BITS / CODEBOOK / MODE / HESSIAN_SCALES above; the encoder mode is
-    recorded in
-    quantization_config.json). The manifest is written last. ``progress`` is a
+    recorded in quantization_config.json). The manifest is written last. ``progress`` is a
     ``convert.Progress`` (e.g. ``RichProgress()``); ``keep_source=False`` removes the 0.5 GB
     unquantized import afterwards. ``bits``, ``mode`` and ``calibration`` build a variant of the
     recipe (for quality comparisons), cached under its own directory name.

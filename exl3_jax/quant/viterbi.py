@@ -21,8 +21,9 @@ passes, as the reference does: pass 1, unconstrained, finds the best path's edge
   edge depends on little further away. Pass 1 costs 96 steps instead of 256, so a tile costs 1.4
   passes instead of 2; tile MSE is within about 1% of the exact mode
   (bench/results/encoder_cpu_fast_window.json). (Reduced-state searches, a sort-based beam, a
-  numba loop and an M-algorithm were tried before: once the exact step packed its argmin into
-  the min (``_exact_step``), all of them were slower than exact Viterbi on CPU.)
+  numba loop over the reduced candidates and an M-algorithm were tried before: once the exact
+  step packed its argmin into the min (``_exact_step``), all of them were slower than exact
+  Viterbi on CPU.)
 
 Two backends run this search: the JAX code below (any JAX device; the GPU's) and, on CPUs, the
 numba loops of ``viterbi_cpu`` with the same arithmetic and loop orders chosen for the CPU's
@@ -207,8 +208,9 @@ def pass1_window(mode: str) -> tuple[int, int]:
 
 
 def default_backend() -> str:
-    """"numba" where JAX runs on the CPU and numba imports (its loops run the same search ~1.4x
-    (K4) to 2.5x (K6) faster than XLA:CPU, bench/NOTES.md), else "jax"."""
+    """"numba" where JAX runs on the CPU and numba imports (its loops run the same search 1.6x
+    (K4) to 3.3x (K6) faster than XLA:CPU on 2 cores, encoder_cpu_numba_2026-12-03.json), else
+    "jax"."""
     numba = importlib.util.find_spec("numba") is not None
     return "numba" if jax.default_backend() == "cpu" and numba else "jax"
 
@@ -224,8 +226,8 @@ def check_rate(K: float, codebook: str) -> float:
 
 def default_batch(K: float, backend: str = "jax") -> int:
     """Tiles per call. numba: 64 (memory is per thread, so this only sets how often progress is
-    reported). JAX on CPU, larger batches than 16 were not faster (the per-step
-    working set leaves the caches) and the exact search's back pointers (256 steps x 2^(16-D)
+    reported). JAX on CPU: larger batches than 16 were not faster (the per-step working set
+    leaves the caches) and the exact search's back pointers (256 steps x 2^(16-D)
     bytes per tile and pass) are kept to about 128 MiB (8 MiB per tile at K=1). On a GPU,
     throughput grows up to a few hundred tiles per call (bench/results/encoder_gpu_h200.json),
     so up to 512 tiles and 2 GiB of back pointers."""
@@ -271,15 +273,17 @@ def encode_tiles(tiles, K: float, codebook: str, *, mode: str = "exact",
         batch = -(-N // n_batches) if N else 1
     batch = max(1, min(int(batch), N)) if N else 1
     table_np = decode_table_f32(codebook)
-    table = jnp.asarray(table_np) if backend == "jax" else None
+    if backend == "numba":
+        from .viterbi_cpu import encode_states
+        steps = step_bits(K)[:_period(K)]
+    else:
+        table = jnp.asarray(table_np)
     states = np.zeros((N, TILE_WEIGHTS), np.uint16)
     for lo in range(0, N, batch):
         chunk = tiles[lo:lo + batch]
         n = chunk.shape[0]
         if backend == "numba":
-            from .viterbi_cpu import encode_states
             w = chunk.astype(np.float16).astype(np.float32)
-            steps = step_bits(K)[:_period(K)]
             states[lo:lo + n] = encode_states(w, codebook, steps, *pass1_window(mode))
         else:
             if n < batch:       # pad to a fixed shape so one compiled program serves every batch

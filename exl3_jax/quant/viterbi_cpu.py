@@ -9,9 +9,9 @@ over the tile from the entry edge) and their backtracks run per tile; tiles run 
 
 The loops take the D pattern as arguments, so one compiled program (cached on disk by numba)
 serves every rate. Why a second implementation: XLA:CPU runs the JAX step at ~0.85 cycles per
-state per core, these loops at ~0.45 (bench/NOTES.md, "The encoder's search as numba loops"),
-because the loop order is picked per (D(t), D(t+1)) so the innermost loop is a long contiguous
-run:
+state per core, these loops at ~0.55-0.7 (12-15 us per K4 step; bench/NOTES.md, "The encoder's
+search as numba loops"), because the loop order is picked per (D(t), D(t+1)) so the innermost
+loop is a long contiguous run:
 
 * "j-inner" (2^(16-D(t+1)-D(t)) >= 2^D(t), i.e. K <= 5): state s = (p, j, c) with p the
   predecessor index (top D(t+1) bits), c the new code (low D(t) bits), j the bits between. The
