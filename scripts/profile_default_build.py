@@ -26,10 +26,11 @@ from exl3_jax.quant import default_model as dm
 from exl3_jax.quant.calibrate import load_calibration
 from exl3_jax.quant.convert import convert_hf
 
-# (label, file suffix, function name) of the functions whose cumulative time is reported
+# (label, file suffix, function name or names) of the functions whose cumulative time is reported
 PARTS = (("convert_hf", "quant/convert.py", "convert_hf"),
          ("ldlq_body_encode", "quant/ldlq.py", "ldlq"),
-         ("global_scale_search", "quant/regularize.py", "search_global_scale"),
+         ("global_scale_search", "quant/regularize.py",
+          ("search_global_scale", "search_global_scale_fast")),
          ("hessian_capture", "quant/calibrate.py", "hessian"),
          ("calibration_layer_runs", "quant/calibrate.py", "_run_layer"),
          ("input_hessian_matmuls", "quant/calibrate.py", "input_hessian"),
@@ -77,9 +78,10 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
     stats = pstats.Stats(prof).stats          # {(file, line, name): (cc, nc, tt, ct, callers)}
     parts = {}
-    for label, suffix, name in PARTS:
+    for label, suffix, names in PARTS:
+        names = (names,) if isinstance(names, str) else names
         hits = [(v[1], v[3]) for (f, _, fn), v in stats.items()
-                if fn == name and f.endswith(suffix)]
+                if fn in names and f.endswith(suffix)]
         parts[label] = {"calls": sum(h[0] for h in hits), "cumulative_s": sum(h[1] for h in hits)}
     by_self = sorted(stats.items(), key=lambda kv: -kv[1][2])[:TOP]
     top_self = [{"function": f"{Path(f).name}:{line}:{fn}", "calls": v[1],

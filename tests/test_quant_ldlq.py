@@ -8,7 +8,8 @@ import pytest
 from exl3_jax.quant.ldlq import (LinearInput, block_ldl, finalize_hessian, quantize_linear,
                                  quantize_linears)
 from exl3_jax.quant.regularize import (CODEBOOK_SCALE, from_tiles, random_signs, regularize,
-                                       scale_sample_tiles, search_global_scale, to_tiles)
+                                       scale_sample_tiles, search_global_scale,
+                                       search_global_scale_fast, to_tiles)
 from exl3_jax.trellis import decode_states, decode_trellis, dequantize, hadamard128, unpack_states
 
 # the reference encoder's relative tile MSE (spec 6.5); a weight's relative Frobenius error after
@@ -57,16 +58,27 @@ def test_regularize_is_exactly_invertible(rng):
                                                                                  rel=1e-4)
 
 
-def test_global_scale_search_finds_the_optimum(rng):
-    # a stand-in quantizer with a known error curve: uniform step 0.5, clipped to +-1
+@pytest.mark.parametrize("search", [search_global_scale, search_global_scale_fast])
+@pytest.mark.parametrize("spread", [1.0, 0.3, 2.5])
+def test_global_scale_search_finds_the_optimum(rng, search, spread):
+    # a stand-in quantizer with a known error curve: uniform step 0.5, clipped to +-1; the
+    # tiles' spread moves the optimum (about 0.9 / spread), so the fast search has to walk
+    encoded = []
+
     def quantize(t):
+        encoded.append(len(t))
         return np.clip(np.round(t / 0.5) * 0.5, -1.0, 1.0)
 
-    tiles = (rng.standard_normal((30, 256)) * CODEBOOK_SCALE).astype(np.float32)
+    tiles = (rng.standard_normal((30, 256)) * CODEBOOK_SCALE * spread).astype(np.float32)
     grid = np.linspace(0.05, 2.0, 400)
     errs = [np.mean((quantize(tiles * s) / s - tiles) ** 2) for s in grid]
-    g = search_global_scale(tiles, quantize)
+    encoded.clear()
+    g = search(tiles, quantize)
     assert np.mean((quantize(tiles * g) / g - tiles) ** 2) < 1.03 * min(errs)
+    if search is search_global_scale_fast and spread == 1.0:
+        # started near the optimum, it encodes less than the reference's sweep (10 coarse scales
+        # on 10 tiles + 5 fine on 30): measured 3 + 1 coarse and 3 + 1 fine
+        assert sum(encoded) < 10 * 10 + 5 * 30, encoded
 
 
 def test_block_ldl_factorises_the_hessian(rng):

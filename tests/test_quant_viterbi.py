@@ -207,8 +207,8 @@ def test_half_rates_slow(rng, K):
     assert lo < rel_mse(values, tiles) < hi
 
 
-# every loop order of viterbi_cpu: j-inner (K <= 5), c-inner (K >= 6), and both phases of a half
-# rate; exact and fast pass-1 windows
+# every lane spread of viterbi_cpu's step (2^D(t) = 2: K1; 4 and 8: both phases of K2.5; 8: K3;
+# >= 16: K4, K6, K8); exact and fast pass-1 windows
 @pytest.mark.parametrize("K,codebook,mode", [(1, "mcg", "fast"), (3, "3inst", "exact"),
                                              (4, "mcg", "fast"), (6, "mcg", "fast"),
                                              (8, "mul1", "exact"), (2.5, "mul1", "fast"),

@@ -10,12 +10,15 @@ Linears that share an input share one H (q/k/v; gate/up). MoE experts fall back 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from ..nn import Exl3Linear, Linear, advance
 from ..trellis.weight import Exl3Weight
@@ -33,8 +36,8 @@ def calibration_rows(ids: Sequence[int], seq_len: int) -> np.ndarray:
 
 
 class _Recorder:
-    """Stands in for a linear during a capture run: records its input (the array itself, so
-    linears fed the same array are recognised as sharing it), then calls it."""
+    """Stands in for a linear while a capture run is traced: records its input (the traced array
+    itself, so linears fed the same array are recognised as sharing it), then calls it."""
 
     def __init__(self, inner, sink: list):
         self.inner, self.sink = inner, sink
@@ -44,13 +47,47 @@ class _Recorder:
         return self.inner(x)
 
 
-def input_hessian(chunks: list) -> tuple[np.ndarray, int]:
-    """H = sum x^T x (float64 accumulation, stored float32) over the rows of the recorded inputs
-    [..., k], and the row count; rows with inf/nan are dropped."""
-    x = np.concatenate([np.asarray(c, np.float32).reshape(-1, c.shape[-1]) for c in chunks])
-    x = x.astype(np.float64)
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _layer_forward(graphdef, state, capture: tuple[str, ...], x, positions, mask, k_cache,
+                   v_cache, write_slot):
+    """One decoder layer (``nnx.merge(graphdef, state)``) on x [rows, T, H], jitted: the 30
+    layers share a graph, so this compiles once per structure (unquantized, quantized), and runs
+    ~2x faster than the layer op by op (3.0-3.4 s -> 1.6 s per SmolLM2 layer on 34k tokens, 2
+    cores).
+
+    Returns (x_out [rows, T, H], inputs, which): ``inputs`` the distinct arrays fed to the linears
+    at ``capture`` paths, ``which`` int32 [len(capture)] the index into ``inputs`` per path."""
+    layer = nnx.merge(graphdef, state)
+    sinks = {path: [] for path in capture}
+    for path, sink in sinks.items():
+        parent, attr = _resolve(layer, path)
+        object.__setattr__(parent, attr, _Recorder(getattr(parent, attr), sink))
+    y, _, _ = layer(x, positions, mask, k_cache, v_cache, write_slot)
+    distinct, which = [], []
+    for path, sink in sinks.items():
+        if len(sink) != 1:
+            raise ValueError(f"{path} ran {len(sink)} times in one call of the layer")
+        # q/k/v (and gate/up) are called on the same traced array: it is returned once
+        index = next((j for j, seen in enumerate(distinct) if seen is sink[0]), None)
+        if index is None:
+            index = len(distinct)
+            distinct.append(sink[0])
+        which.append(index)
+    inputs = tuple(a.reshape(-1, a.shape[-1]) for a in distinct)
+    return y, inputs, jnp.asarray(which, jnp.int32)
+
+
+def input_hessian(x) -> tuple[np.ndarray, int]:
+    """H = sum x^T x in float32 over the rows of x [..., k] (as the reference accumulates it), and
+    the row count; rows with inf/nan are dropped.
+
+    float32 rather than float64: half the time of the largest product (34k x 1536 for the
+    default model's down_proj; numpy runs x.T @ x as one symmetric rank-k update), and its
+    relative error (~1e-6) is far below the 2.5% diagonal regularisation LDLQ adds."""
+    x = np.asarray(x, np.float32)
+    x = x.reshape(-1, x.shape[-1])
     x = x[np.all(np.isfinite(x), axis=1)]
-    return (x.T @ x).astype(np.float32), int(x.shape[0])
+    return x.T @ x, int(x.shape[0])
 
 
 def _resolve(module, path: str):
@@ -82,21 +119,11 @@ class ModelCalibration:
         self._captured_layer = -1
         self.rows = int(tokens.size)
 
-    def _run_layer(self, i: int, capture: dict[str, list] | None = None):
-        layer = self.model.layers[i]
-        swapped = []
-        if capture is not None:
-            for path, sink in capture.items():
-                parent, attr = _resolve(layer, path)
-                swapped.append((parent, attr, getattr(parent, attr)))
-                object.__setattr__(parent, attr, _Recorder(getattr(parent, attr), sink))
-        try:
-            x, _, _ = layer(self._x, self._positions, self._mask, self._cache.k[i],
-                            self._cache.v[i], self._write_slot)
-        finally:
-            for parent, attr, inner in swapped:
-                object.__setattr__(parent, attr, inner)
-        return x
+    def _run_layer(self, i: int, capture: tuple[str, ...] = ()):
+        """Layer i on the current hidden states -> (x_out, inputs, which) of ``_layer_forward``."""
+        graphdef, state = nnx.split(self.model.layers[i])
+        return _layer_forward(graphdef, state, tuple(capture), self._x, self._positions,
+                              self._mask, self._cache.k[i], self._cache.v[i], self._write_slot)
 
     def _linear_paths(self, i: int) -> list[str]:
         layer = self.model.layers[i]
@@ -110,23 +137,16 @@ class ModelCalibration:
         return paths
 
     def _capture(self, i: int) -> None:
-        sinks = {path: [] for path in self._linear_paths(i)}
-        self._run_layer(i, sinks)
-        computed: list[tuple[list, tuple[np.ndarray, int]]] = []
-        for path, chunks in sinks.items():
-            # q/k/v (and gate/up) are called on the same array: one H for all of them
-            h = next((h for seen, h in computed if len(seen) == len(chunks)
-                      and all(a is b for a, b in zip(seen, chunks))), None)
-            if h is None:
-                h = input_hessian(chunks)
-                computed.append((chunks, h))
-            self._hessians[f"model.layers.{i}.{path}"] = h
+        paths = self._linear_paths(i)
+        _, inputs, which = self._run_layer(i, tuple(paths))
+        hessians = [input_hessian(x) for x in inputs]      # one per distinct input
+        for path, j in zip(paths, np.asarray(which)):
+            self._hessians[f"model.layers.{i}.{path}"] = hessians[int(j)]
         self._captured_layer = i
 
     def hessian(self, key: str) -> tuple[np.ndarray, int] | None:
         if key == "lm_head":
-            h = np.asarray(self.model.norm(self._x), np.float64).reshape(-1, self._x.shape[-1])
-            return (h.T @ h).astype(np.float32), int(h.shape[0])
+            return input_hessian(self.model.norm(self._x))
         m = LAYER_KEY.match(key)
         if m is None:
             return None
@@ -150,7 +170,7 @@ class ModelCalibration:
                 new = Exl3Linear(weight)
                 new.cache_dequantized()
                 setattr(parent, attr, new)
-        self._x = self._run_layer(layer)
+        self._x, _, _ = self._run_layer(layer)
         self._hessians = {k: v for k, v in self._hessians.items()
                           if not k.startswith(f"model.layers.{layer}.")}
 

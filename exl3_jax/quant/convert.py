@@ -30,7 +30,7 @@ from ..format import Exl3Writer, TensorStore
 from ..format.spec import TILE
 from ..trellis.weight import Exl3Weight
 from .ldlq import LinearInput, QuantizeInfo, padded, quantize_linears
-from .regularize import estimate_search_tiles, search_width
+from .regularize import estimate_search_tiles
 from .viterbi import check_rate
 
 LAYER_LINEAR = re.compile(r"^(?P<prefix>.*\blayers\.(?P<layer>\d+)\.)(?P<path>.*_proj)\.weight$")
@@ -182,7 +182,8 @@ class RichProgress:
         if not self._live:
             layers, tiles = (self._bar.tasks[t] for t in (self._layers, self._tiles))
             elapsed = time.perf_counter() - self._t0
-            eta = elapsed * (tiles.total - tiles.completed) / max(tiles.completed, 1)
+            # the tile total is an estimate (the scale search's length varies): never < 0
+            eta = elapsed * max(tiles.total - tiles.completed, 0) / max(tiles.completed, 1)
             self._bar.console.print(
                 f"layer {int(layers.completed)}/{int(layers.total)} ({name}): "
                 f"{int(tiles.completed)}/{int(tiles.total)} tiles, {elapsed:.0f} s, "
@@ -227,7 +228,7 @@ def convert_hf(source: str | Path, output: str | Path, *, bits: float, head_bits
     layers = sorted({j.layer for j in jobs if j.layer >= 0})
     total_tiles = sum(j.tiles + estimate_search_tiles(padded(j.shape[0]) // TILE,
                                                       padded(j.shape[1]) // TILE,
-                                                      search_width(mode)) for j in jobs)
+                                                      mode) for j in jobs)
     reports: list[LinearReport] = []
 
     progress.start(len(layers) + (1 if any(j.layer < 0 for j in jobs) else 0), total_tiles)

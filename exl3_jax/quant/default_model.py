@@ -40,8 +40,9 @@ MODE = "fast"
 # LDLQ with W_r's true Hessian (``quantize_linear(hessian_scales=True)``), not the signs-only one
 HESSIAN_SCALES = True
 # Bumped when an encoder change alters what the recipe produces (r2: the fast mode's one-diagonal
-# scale search, Hessian scales), so an older cache is rebuilt rather than taken for this recipe.
-RECIPE_REVISION = 2
+# scale search, Hessian scales; r3: Hessians summed in float32, calibration layers run jitted),
+# so an older cache is rebuilt rather than taken for this recipe.
+RECIPE_REVISION = 3
 CALIBRATION_SEQ_LEN = 256
 # Calibration text sets (files in DATA_DIR, concatenated in this order). "hand" is the hand-written
 # set alone (about 1.6k tokens); "self" adds text the source model generated itself

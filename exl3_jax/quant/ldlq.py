@@ -11,6 +11,7 @@ numpy float32/float64 for the linear algebra; the tile encoder is the JAX Viterb
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Sequence
 
@@ -20,8 +21,8 @@ from ..format.spec import HADAMARD_BLOCK, TILE
 from ..trellis.bitstream import pack_codes
 from ..trellis.weight import Exl3Weight
 from .regularize import (from_tiles, hadamard_left, hadamard_right, random_signs, regularize,
-                         search_width, to_tiles)
-from .viterbi import check_rate, encode_tiles
+                         to_tiles)
+from .viterbi import check_rate, default_backend, encode_tiles
 
 SIGMA_REG = 0.025
 LDL_BLOCK = TILE
@@ -209,7 +210,8 @@ def quantize_linears(linears: Sequence[LinearInput], K: float, codebook: str, *,
       linears: the weights, Hessians, seeds and biases (``LinearInput``).
       K: bits per weight (1..8, or 1.5/2.5/3.5 with mul1); codebook "3inst" | "mcg" | "mul1".
       mode: encoder mode, "exact" or "fast" (the global-scale search always uses "fast": it only
-        ranks candidate scales; "fast" also searches a narrower sample, ``search_width``).
+        ranks candidate scales; "fast" also searches a narrower sample and walks the scale
+        grids instead of sweeping them, ``regularize.search_global_scale_fast``).
       out_scales: "always" | "never" | "auto".
       hessian_scales: False (the reference): LDLQ and the proxy error use H rotated with the
         input signs only. True: with the full input scales su, i.e. W_r's actual Hessian; this
@@ -220,7 +222,23 @@ def quantize_linears(linears: Sequence[LinearInput], K: float, codebook: str, *,
       bias, in_features/out_features = the logical sizes; QuantizeInfo).
     """
     K = check_rate(K, codebook)
+    with _blas_single_thread_for_cpu_encoder():
+        return _quantize_linears(linears, K, codebook, mode=mode, out_scales=out_scales,
+                                 hessian_scales=hessian_scales, progress=progress)
 
+
+def _blas_single_thread_for_cpu_encoder():
+    """One BLAS thread while the numba encoder shares the CPU cores with this module's numpy
+    work: OpenBLAS workers spin for a while after every call, and between LDLQ rounds that took
+    a core from the encoder's next call (default build on 2 cores: encoder 774 -> 1170 tiles/s,
+    bench/NOTES.md, "The encoder step as explicit vectors"). The GPU encoder is left alone."""
+    if default_backend() != "numba":
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _quantize_linears(linears, K, codebook, *, mode, out_scales, hessian_scales, progress):
     def search_quantize(tiles):
         return encode_tiles(tiles, K, codebook, mode="fast", progress=progress)[1]
 
@@ -241,7 +259,7 @@ def quantize_linears(linears: Sequence[LinearInput], K: float, codebook: str, *,
         reg = regularize(pad_to(w, (k, n)), su_sign, sv_sign, search_quantize,
                          out_scales=out_scales,
                          h_diag=None if hessian is None else hessian.h_diag,
-                         sample_width=search_width(mode))
+                         search_mode=mode)
         if hessian is not None and hessian_scales:
             h_rot, L = rotate_hessian(hessian.h_reg, reg.su, hessian.damp)
             hessian = dataclasses.replace(hessian, h_rot=h_rot, L=L)

@@ -19,15 +19,16 @@ passes, as the reference does: pass 1, unconstrained, finds the best path's edge
 * ``"exact"``: pass 1 starts at element 128 and covers the whole ring.
 * ``"fast"``: pass 1 covers only a window around the wrap (elements 192..255, 0..31): the entry
   edge depends on little further away. Pass 1 costs 96 steps instead of 256, so a tile costs 1.4
-  passes instead of 2; tile MSE is within about 1% of the exact mode
-  (bench/results/encoder_cpu_fast_window.json). (Reduced-state searches, a sort-based beam, a
+  passes instead of 2; tile MSE is within about 1% of the exact mode (K4 1.008, K6 1.004 on 512
+  Gaussian tiles; a 48-element window, 1.017 and 1.009, built a default model 1.2% worse in
+  perplexity: bench/NOTES.md). (Reduced-state searches, a sort-based beam, a
   numba loop over the reduced candidates and an M-algorithm were tried before: once the exact
   step packed its argmin into the min (``_exact_step``), all of them were slower than exact
   Viterbi on CPU.)
 
 Two backends run this search: the JAX code below (any JAX device; the GPU's) and, on CPUs, the
-numba loops of ``viterbi_cpu`` with the same arithmetic and loop orders chosen for the CPU's
-vector units (``encode_tiles(backend=...)``; ``default_backend``).
+numba loops of ``viterbi_cpu`` with the same arithmetic, written as explicit 16-lane vectors
+(``encode_tiles(backend=...)``; ``default_backend``).
 
 Costs are accumulated in fp32 (the reference uses fp16, so near-ties may resolve differently; the
 format does not care which of two equally good codewords is stored). Targets are rounded to fp16
@@ -208,9 +209,9 @@ def pass1_window(mode: str) -> tuple[int, int]:
 
 
 def default_backend() -> str:
-    """"numba" where JAX runs on the CPU and numba imports (its loops run the same search 1.6x
-    (K4) to 3.3x (K6) faster than XLA:CPU on 2 cores, encoder_cpu_numba_2026-12-03.json), else
-    "jax"."""
+    """"numba" where JAX runs on the CPU and numba imports (its loops run the same search 1.4x
+    (K4) to 3.7x (K6) faster than XLA:CPU on 2 cores, encoder_cpu_numba_vec_2026-12-03.json),
+    else "jax"."""
     numba = importlib.util.find_spec("numba") is not None
     return "numba" if jax.default_backend() == "cpu" and numba else "jax"
 
