@@ -19,7 +19,7 @@ def rng():
 def default_model():
     """Path of the built-in EXL3 SmolLM2 (fetched from PyPI and quantized on first use, then
     cached under $EXL3_JAX_CACHE or the user cache directory). EXL3_JAX_SKIP_DEFAULT_MODEL=1
-    skips the tests that use it (CI sets it: the build takes about 30 minutes on 2 cores)."""
+    skips the tests that use it (CI builds it: about 15 minutes on 2 cores)."""
     if os.environ.get("EXL3_JAX_SKIP_DEFAULT_MODEL"):
         pytest.skip("EXL3_JAX_SKIP_DEFAULT_MODEL is set")
     from exl3_jax.quant.default_model import ensure_default_model

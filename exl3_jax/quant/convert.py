@@ -182,15 +182,18 @@ class RichProgress:
         if not self._live:
             layers, tiles = (self._bar.tasks[t] for t in (self._layers, self._tiles))
             elapsed = time.perf_counter() - self._t0
-            # the tile total is an estimate (the scale search's length varies): never < 0
-            eta = elapsed * max(tiles.total - tiles.completed, 0) / max(tiles.completed, 1)
+            eta = elapsed * (tiles.total - tiles.completed) / max(tiles.completed, 1)
             self._bar.console.print(
                 f"layer {int(layers.completed)}/{int(layers.total)} ({name}): "
                 f"{int(tiles.completed)}/{int(tiles.total)} tiles, {elapsed:.0f} s, "
                 f"eta {eta:.0f} s", highlight=False)
 
     def tiles(self, n):
-        self._bar.update(self._tiles, advance=n)
+        task = self._bar.tasks[self._tiles]
+        # the tile total is an estimate (the fast scale search walks as far as its error curve
+        # needs): grow it rather than report more tiles done than there are
+        self._bar.update(self._tiles, advance=n,
+                         total=max(task.total, task.completed + n))
 
     def finish(self):
         self._bar.update(self._tiles, completed=self._bar.tasks[self._tiles].total)
