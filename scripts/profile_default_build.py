@@ -26,7 +26,9 @@ from exl3_jax.quant import default_model as dm
 from exl3_jax.quant.calibrate import load_calibration
 from exl3_jax.quant.convert import convert_hf
 
-# (label, file suffix, function name or names) of the functions whose cumulative time is reported
+# (label, file suffix, function name or names) of the functions whose cumulative time is reported.
+# The calibration layer runs are jitted and dispatched asynchronously, so their compute time
+# lands in input_hessian_matmuls (which waits for the recorded inputs), not in _run_layer.
 PARTS = (("convert_hf", "quant/convert.py", "convert_hf"),
          ("ldlq_body_encode", "quant/ldlq.py", "ldlq"),
          ("global_scale_search", "quant/regularize.py",

@@ -222,9 +222,49 @@ def quantize_linears(linears: Sequence[LinearInput], K: float, codebook: str, *,
       bias, in_features/out_features = the logical sizes; QuantizeInfo).
     """
     K = check_rate(K, codebook)
+
+    def search_quantize(tiles):
+        return encode_tiles(tiles, K, codebook, mode="fast", progress=progress)[1]
+
+    def encode(tiles):
+        return encode_tiles(tiles, K, codebook, mode=mode, progress=progress)
+
     with _blas_single_thread_for_cpu_encoder():
-        return _quantize_linears(linears, K, codebook, mode=mode, out_scales=out_scales,
-                                 hessian_scales=hessian_scales, progress=progress)
+        prepared = []
+        for lin in linears:
+            w = np.asarray(lin.w, np.float32)
+            k, n = padded(w.shape[0]), padded(w.shape[1])
+            rng = np.random.default_rng(lin.seed)
+            su_sign = random_signs(rng, k)
+            sv_sign = random_signs(rng, n)
+            hessian = None
+            if lin.h_sum is not None:
+                hessian = finalize_hessian(pad_to(np.asarray(lin.h_sum, np.float64), (k, k)),
+                                           lin.h_count, su_sign)
+            reg = regularize(pad_to(w, (k, n)), su_sign, sv_sign, search_quantize,
+                             out_scales=out_scales,
+                             h_diag=None if hessian is None else hessian.h_diag,
+                             search_mode=mode)
+            if hessian is not None and hessian_scales:
+                h_rot, L = rotate_hessian(hessian.h_reg, reg.su, hessian.damp)
+                hessian = dataclasses.replace(hessian, h_rot=h_rot, L=L)
+            prepared.append((reg, hessian))
+
+        encoded = ldlq([(reg.w_r, None if h is None else h.L) for reg, h in prepared], encode)
+        results = []
+        for lin, (reg, hessian), (w_hat, states) in zip(linears, prepared, encoded):
+            err = proxy_error(reg.w_r, w_hat, None if hessian is None else hessian.h_rot)
+            k_log, n_log = np.shape(lin.w)
+            n = padded(n_log)
+            bias16 = (None if lin.bias is None else
+                      pad_to(np.asarray(lin.bias, np.float32), (n,)).astype(np.float16))
+            weight = Exl3Weight.create(np.asarray(pack_codes(states, K)),
+                                       reg.su.astype(np.float16), reg.sv.astype(np.float16),
+                                       codebook, bias16, in_features=k_log, out_features=n_log)
+            results.append((weight, QuantizeInfo(proxy_error=err, g=reg.g, mode=mode,
+                                                 used_hessian=hessian is not None,
+                                                 out_scales_applied=reg.out_scales_applied)))
+        return results
 
 
 def _blas_single_thread_for_cpu_encoder():
@@ -236,50 +276,6 @@ def _blas_single_thread_for_cpu_encoder():
         return contextlib.nullcontext()
     from threadpoolctl import threadpool_limits
     return threadpool_limits(limits=1, user_api="blas")
-
-
-def _quantize_linears(linears, K, codebook, *, mode, out_scales, hessian_scales, progress):
-    def search_quantize(tiles):
-        return encode_tiles(tiles, K, codebook, mode="fast", progress=progress)[1]
-
-    def encode(tiles):
-        return encode_tiles(tiles, K, codebook, mode=mode, progress=progress)
-
-    prepared = []
-    for lin in linears:
-        w = np.asarray(lin.w, np.float32)
-        k, n = padded(w.shape[0]), padded(w.shape[1])
-        rng = np.random.default_rng(lin.seed)
-        su_sign = random_signs(rng, k)
-        sv_sign = random_signs(rng, n)
-        hessian = None
-        if lin.h_sum is not None:
-            hessian = finalize_hessian(pad_to(np.asarray(lin.h_sum, np.float64), (k, k)),
-                                       lin.h_count, su_sign)
-        reg = regularize(pad_to(w, (k, n)), su_sign, sv_sign, search_quantize,
-                         out_scales=out_scales,
-                         h_diag=None if hessian is None else hessian.h_diag,
-                         search_mode=mode)
-        if hessian is not None and hessian_scales:
-            h_rot, L = rotate_hessian(hessian.h_reg, reg.su, hessian.damp)
-            hessian = dataclasses.replace(hessian, h_rot=h_rot, L=L)
-        prepared.append((reg, hessian))
-
-    encoded = ldlq([(reg.w_r, None if h is None else h.L) for reg, h in prepared], encode)
-    results = []
-    for lin, (reg, hessian), (w_hat, states) in zip(linears, prepared, encoded):
-        err = proxy_error(reg.w_r, w_hat, None if hessian is None else hessian.h_rot)
-        k_log, n_log = np.shape(lin.w)
-        n = padded(n_log)
-        bias16 = (None if lin.bias is None else
-                  pad_to(np.asarray(lin.bias, np.float32), (n,)).astype(np.float16))
-        weight = Exl3Weight.create(np.asarray(pack_codes(states, K)), reg.su.astype(np.float16),
-                                   reg.sv.astype(np.float16), codebook, bias16,
-                                   in_features=k_log, out_features=n_log)
-        results.append((weight, QuantizeInfo(proxy_error=err, g=reg.g, mode=mode,
-                                             used_hessian=hessian is not None,
-                                             out_scales_applied=reg.out_scales_applied)))
-    return results
 
 
 def quantize_linear(w: np.ndarray, K: float, codebook: str, h_sum: np.ndarray | None = None,

@@ -20,8 +20,9 @@ passes, as the reference does: pass 1, unconstrained, finds the best path's edge
 * ``"fast"``: pass 1 covers only a window around the wrap (elements 192..255, 0..31): the entry
   edge depends on little further away. Pass 1 costs 96 steps instead of 256, so a tile costs 1.4
   passes instead of 2; tile MSE is within about 1% of the exact mode (K4 1.008, K6 1.004 on 512
-  Gaussian tiles; a 48-element window, 1.017 and 1.009, built a default model 1.2% worse in
-  perplexity: bench/NOTES.md). (Reduced-state searches, a sort-based beam, a
+  Gaussian tiles; a 48-element window gives 1.017 and 1.009, and its default-model build measured
+  perplexity 14.392 against 14.372, inside the ~0.17 spread between equivalent builds:
+  bench/NOTES.md). (Reduced-state searches, a sort-based beam, a
   numba loop over the reduced candidates and an M-algorithm were tried before: once the exact
   step packed its argmin into the min (``_exact_step``), all of them were slower than exact
   Viterbi on CPU.)

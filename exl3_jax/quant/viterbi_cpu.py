@@ -36,16 +36,8 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-STATE_BITS = 16
-TILE = 256
-
-
-@intrinsic
-def _as_int(typingctx, x):
-    """float32 -> its int32 bit pattern."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.int32(types.float32), codegen
+from ..format.spec import TILE_WEIGHTS as TILE  # noqa: E402
+from .viterbi import STATE_BITS, decode_table_f32  # noqa: E402
 
 
 @intrinsic
@@ -228,7 +220,6 @@ def encode_states(w: np.ndarray, codebook: str, steps: tuple[int, ...], start: i
     """Tail-biting states of fp16-rounded targets w float32 [B, 256] for ``codebook`` and the D
     pattern ``steps`` (period 1 or 2); pass 1 covers ``length`` elements from ``start`` (both
     even). Returns uint16 [B, 256] (sequence order)."""
-    from .viterbi import decode_table_f32
     out = np.empty((w.shape[0], TILE), np.uint16)
     _encode_batch(np.ascontiguousarray(w, np.float32), np.asarray(steps, np.int64),
                   decode_table_f32(codebook), start, length, out)
