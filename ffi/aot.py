@@ -124,6 +124,34 @@ def export_linear(k: int, n: int, K, codebook: str, m: int, plan=None, x_dtype=j
     return exp, linear_key(k, n, K, codebook, m, x_dtype, bias, tplan, transforms)
 
 
+def export_group(k: int, members, K, codebook: str, m: int, x_dtype=jnp.bfloat16):
+    """jax.export of a linear group's decode call (trellis_gemm.trellis_matmul_group: members
+    of out sizes ``members`` reading one x [m, k]) for platforms=["cuda"]; compile-only checks
+    (groups have no artifacts: generate uses them only where the kernels compile in-process)."""
+    from jax import export
+
+    from exl3_jax.format.spec import width_from_rate
+    from exl3_jax.trellis import Exl3Weight
+
+    from . import trellis_gemm as tg
+
+    tplan = resolve_plan(m, k, sum(members), "decode")
+
+    def fn(x, *flat):
+        ws = [Exl3Weight(trellis=t, suh=u, svh=v, bias=None, codebook=codebook, K=K,
+                         in_features=k, out_features=n)
+              for (t, u, v), n in zip(zip(*[iter(flat)] * 3), members)]
+        return tg.trellis_matmul_group(x, ws, tplan)
+
+    sds = jax.ShapeDtypeStruct
+    args = [sds((m, k), x_dtype)]
+    for n in members:
+        args += [sds((k // 16, n // 16, width_from_rate(K)), jnp.int16), sds((k,), jnp.float16),
+                 sds((n,), jnp.float16)]
+    return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=disabled_checks())(
+        *args)
+
+
 def cubin_sms(blob: bytes) -> set[int]:
     """SM numbers of the CUDA ELF images (e_machine 190) embedded in ``blob``.
 
@@ -325,19 +353,26 @@ def check_main(describe, export, description: str, case_help: str, argv=None) ->
 
 
 def _linear_case(case) -> dict:
+    """[codebook, K, m, plan(, k, n(, members))]: members (a list of out sizes summing to n)
+    makes it a linear group (plan "decode")."""
     codebook, K, m, plan = case[:4]
     k, n = case[4:6] if len(case) > 4 else (256, 256)
-    return {"codebook": codebook, "K": K, "m": m, "plan": plan, "k": k, "n": n}
+    row = {"codebook": codebook, "K": K, "m": m, "plan": plan, "k": k, "n": n}
+    if len(case) > 6:
+        row["members"] = list(case[6])
+    return row
 
 
 def _export_linear_case(c):
+    if c.get("members"):
+        return export_group(c["k"], c["members"], c["K"], c["codebook"], c["m"])
     return export_linear(c["k"], c["n"], c["K"], c["codebook"], c["m"], c["plan"])[0]
 
 
 def main(argv=None) -> int:
     return check_main(_linear_case, _export_linear_case,
                       "compile-only export check (one arch per process)",
-                      "JSON list of [codebook, K, m, plan(, k, n)] cases", argv)
+                      "JSON list of [codebook, K, m, plan(, k, n(, members))] cases", argv)
 
 
 if __name__ == "__main__":

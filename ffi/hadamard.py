@@ -15,7 +15,9 @@ launch, and the output kernel also sums the GEMM's K-split partials and applies 
 Layout contract (flat row-major, sizes static):
   input:  x [m, k] (f32 / bf16 / f16), suh f16 [k] -> xh f16: "rows" [m_pad, k], or
           "fragments" [2 * m_pad * k], the decode kernel's split-pair B-fragment words
-          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32)
+          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32); for a
+          group of G linears (``inputs`` = G) suh is [G * k] and xh is that of the row
+          [x, x, ..., x] (G * k wide), each copy rotated with its own suh
   output: part f32 [splits, m_pad, n], svh f16 [n], bias f16 [n] -> y f32 [m, n]
 """
 
@@ -43,10 +45,20 @@ class HadamardConfig:
     splits: int = 1    # output transform: number of K-split partials to sum
     part_rows: int = 0  # output transform: rows per partial (m_pad)
     layout: str = "rows"  # input transform output: one of LAYOUTS
+    inputs: int = 1    # input transform of a linear group: x is width / inputs wide and read once
+                       # per member, each copy with its own suh segment (suh [width])
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"Hadamard input layout {self.layout!r} is not one of {LAYOUTS}")
+        if self.width % (128 * self.inputs):
+            raise ValueError(f"width {self.width} is not {self.inputs} segments of whole "
+                             f"128-blocks")
+
+    @property
+    def x_width(self) -> int:
+        """Row length of the input transform's x."""
+        return self.width // self.inputs
 
     @property
     def out_size(self) -> int:
@@ -70,7 +82,8 @@ def _hadamard_in_kernel(x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
         row, col = block_row_col(blk, cfg.width, lane)
         # Padding rows read row valid-1 and are zeroed by a factor: no divergent branch around
         # the warp shuffles, and x needs no padded copy.
-        src = cutlass.min(row, cfg.valid - 1) * cfg.width + col
+        xcol = col if cutlass.const_expr(cfg.inputs == 1) else col % cfg.x_width
+        src = cutlass.min(row, cfg.valid - 1) * cfg.x_width + xcol
         keep = cutlass.select_(row < cfg.valid, Float32(1.0), Float32(0.0))
         v = [Float32(x[src + e]) * Float32(suh[col + e]) * keep for e in range(4)]
         v = hadamard128_lane(v, lane)

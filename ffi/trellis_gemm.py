@@ -19,6 +19,8 @@ Environment:
   EXL3_JAX_PLAN = auto | decode | prefill    force a plan kind (decode needs m <= 32).
   EXL3_JAX_CUTE_OPTIONS = "..."               extra cute.compile options (debugging).
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
+  EXL3_JAX_GROUPS = 1 | 0                     linears sharing an input (q/k/v, gate/up) run as one
+                                              group per kernel (default 1; group_supported).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -44,6 +46,7 @@ PLAN_ENV = "EXL3_JAX_PLAN"
 # way wrote no files; scripts/gpu_validate.py --sass compiles with cute.compile for PTX/SASS.)
 CUTE_OPTIONS_ENV = "EXL3_JAX_CUTE_OPTIONS"
 TRANSFORMS_ENV = "EXL3_JAX_TRANSFORMS"
+GROUPS_ENV = "EXL3_JAX_GROUPS"
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,7 +161,8 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan):
     from .trellis_mma import MmaConfig
     return MmaConfig(codebook=weight.codebook, K=weight.K, m_blocks=-(-plan.m // plan.m_tile),
                      k=weight.k, n=weight.n, m_tile=plan.m_tile, n_tiles=plan.n_tiles,
-                     warps=plan.warps, splits=plan.splits, unroll=plan.unroll).validate()
+                     warps=plan.warps, splits=plan.splits, unroll=plan.unroll,
+                     min_ctas=plan.min_ctas).validate()
 
 
 def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
@@ -200,7 +204,10 @@ def mma_partials(xh, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
 def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
     """Input transform kernel: x [m, k] -> flat fp16 had128(x * suh) with zero rows beyond m,
     [m_pad * k] row-major (layout "rows"), or [2 * m_pad * k] in the decode kernel's
-    split-pair B-fragment order (layout "fragments", see b_fragment_words)."""
+    split-pair B-fragment order (layout "fragments", see b_fragment_words).
+
+    A linear group passes the concatenation of its G members' suh (G * k): the result is then
+    that of the row [x, ..., x] (G * k wide), each copy rotated with its own suh."""
     from cutlass.jax import cutlass_call
 
     from .hadamard import HadamardConfig, launch_hadamard_in
@@ -208,7 +215,8 @@ def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
     m, k = x.shape
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         x = x.astype(jnp.float32)
-    cfg = HadamardConfig(rows=m_pad, valid=m, width=k, layout=layout)
+    inputs = suh.shape[0] // k
+    cfg = HadamardConfig(rows=m_pad, valid=m, width=k * inputs, layout=layout, inputs=inputs)
     return cutlass_call(launch_hadamard_in, cfg=cfg, compile_options=_cute_options(),
                         output_shape_dtype=jax.ShapeDtypeStruct((cfg.out_size,), jnp.float16))(
         x.reshape(-1), jnp.asarray(suh, jnp.float16))
@@ -218,6 +226,36 @@ def decode_input_words(x, suh, cfg):
     """The decode plan's input transform: x [m, k] -> the MMA kernel's activation words for
     ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), one launch."""
     return f16_words(hadamard_in(x, suh, cfg.m_pad, cfg.x_layout))
+
+
+def _group_config(weights, plan: TrellisPlan):
+    from .trellis_mma import MmaConfig
+    w = weights[0]
+    return MmaConfig(codebook=w.codebook, K=w.K, m_blocks=-(-plan.m // plan.m_tile), k=w.k,
+                     n=sum(v.n for v in weights), m_tile=plan.m_tile, n_tiles=plan.n_tiles,
+                     warps=plan.warps, splits=plan.splits, unroll=plan.unroll,
+                     min_ctas=plan.min_ctas, members=tuple(v.n for v in weights)).validate()
+
+
+def mma_group_partials_words(xw, weights, plan: TrellisPlan, out_init=None):
+    """The decode kernel over a linear group (``_group_config``) on the group's activation
+    words (as mma_input_words of the [m, G * k] row of rotated copies): flat fp32
+    [splits * m_pad * sum(n)], member i's columns after those of members < i.
+    out_init: as in mma_partials_words."""
+    from cutlass.jax import cutlass_call
+
+    from .trellis_mma import MAX_MEMBERS, launch_trellis_mma_group
+
+    cfg = _group_config(weights, plan)
+    tws = [trellis_words(w.trellis) for w in weights]
+    tws += [tws[-1]] * (MAX_MEMBERS - len(tws))
+    shape = jax.ShapeDtypeStruct((cfg.splits * cfg.m_pad * cfg.n,), jnp.float32)
+    if out_init is None:
+        return cutlass_call(launch_trellis_mma_group, output_shape_dtype=shape, cfg=cfg,
+                            compile_options=_cute_options())(xw, *tws)
+    return cutlass_call(launch_trellis_mma_group, output_shape_dtype=shape,
+                        input_output_aliases={1 + MAX_MEMBERS: 0}, cfg=cfg,
+                        compile_options=_cute_options())(xw, *tws, out_init)
 
 
 def hadamard_out(part, svh, bias, *, m: int, m_pad: int, splits: int, n: int):
@@ -329,8 +367,65 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
     return y.reshape(*lead, weight.n)
 
 
+def group_supported(weights, m: int) -> bool:
+    """Whether linears reading the same [m, k] x can run as one group (trellis_matmul_group_gpu):
+    2..3 members with one k, K and codebook and no stack axes, a decode-plan m, CuTe transforms,
+    and kernels compiled in this process (ahead-of-time artifacts exist per linear only).
+    EXL3_JAX_GROUPS=0 turns groups off (each member runs as its own linear)."""
+    if os.environ.get(GROUPS_ENV, "1") == "0":
+        return False
+    from . import aot
+    from .trellis_mma import MAX_MEMBERS
+    w0 = weights[0]
+    return (2 <= len(weights) <= MAX_MEMBERS
+            and all(supports(w) and (w.k, w.K, w.codebook) == (w0.k, w0.K, w0.codebook)
+                    for w in weights)
+            and plan_for(m, w0).kind == "decode" and _transforms_mode(None) == "cute"
+            and aot.artifacts() is None and _cutlass_jax_ok())
+
+
+def trellis_matmul_group(x2, weights, plan: TrellisPlan, *, poison: bool = False):
+    """y = [x2 @ W_i + bias_i] as one float32 [m, sum(n_i)] for linears reading the same x2
+    [m, k] (q/k/v, gate/up): one input transform (x2 rotated by each member's suh), one decode
+    launch over all members' tiles, one output transform (svh, bias and the Hadamard act per
+    128-column block, and no block straddles two members). ``plan`` is the decode plan of
+    [m, k] @ [k, sum(n_i)]. poison: the decode kernel writes into a NaN-filled buffer."""
+    m = x2.shape[0]
+    cfg = _group_config(weights, plan)
+    suh = jnp.concatenate([jnp.asarray(w.suh, jnp.float16) for w in weights])
+    svh = jnp.concatenate([jnp.asarray(w.svh, jnp.float16) for w in weights])
+    bias = None
+    if any(w.bias is not None for w in weights):
+        bias = jnp.concatenate([jnp.zeros((w.n,), jnp.float16) if w.bias is None
+                                else jnp.asarray(w.bias, jnp.float16) for w in weights])
+    xw = f16_words(hadamard_in(x2, suh, cfg.m_pad, cfg.x_layout))
+    init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison else None
+    part = mma_group_partials_words(xw, weights, plan, out_init=init)
+    return hadamard_out(part, svh, bias, m=m, m_pad=cfg.m_pad, splits=cfg.splits, n=cfg.n)
+
+
+def trellis_matmul_group_gpu(x, weights):
+    """[y_i = x @ W_i + bias_i] for linears reading the same x (group_supported must hold).
+
+    Args:
+      x: float [..., k] (already zero-extended to the padded k).
+      weights: 2..3 Exl3Weight with one k, K and codebook.
+    Returns:
+      list of float32 [..., n_i] including bias (untrimmed).
+    """
+    lead = x.shape[:-1]
+    m = int(np.prod(lead)) if lead else 1
+    k = weights[0].k
+    plan = select_plan(m, k, sum(w.n for w in weights), sms=device_sms(), force="decode")
+    y = trellis_matmul_group(jnp.reshape(x, (m, k)), weights, plan)
+    starts = np.cumsum([0] + [w.n for w in weights])
+    return [y[:, a:b].reshape(*lead, b - a) for a, b in zip(starts[:-1], starts[1:])]
+
+
 __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words",
-           "dequantize_transposed", "hadamard_in", "hadamard_out", "input_transform",
+           "dequantize_transposed", "group_supported", "hadamard_in", "hadamard_out",
+           "input_transform", "mma_group_partials_words", "trellis_matmul_group",
+           "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
            "output_transform", "plan_for", "rotated_matmul", "supports", "trellis_matmul_gpu",
            "trellis_words"]

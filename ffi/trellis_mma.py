@@ -53,6 +53,8 @@ from .cute_ops import (SPLIT_PAIR_CODEBOOKS, cta_thread_ids, decode_words, decod
                        lane_funnels, load_tile_words, mma_m16n8k16_f16_f32)
 from .trellis_geometry import A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry
 
+MAX_MEMBERS = 3        # linears per group kernel (q/k/v); the kernel takes this many trellis args
+
 
 class MmaTiling:
     """Derived sizes and tiling checks shared by the dense (MmaConfig) and grouped MoE
@@ -74,6 +76,12 @@ class MmaTiling:
     @property
     def k_per_split(self) -> int:
         return self.k16 // self.splits
+
+    @property
+    def x_k16(self) -> int:
+        """k16 steps per row of the activation words (a linear group reads one row segment of
+        k per member, MmaConfig.members)."""
+        return self.k16
 
     @property
     def threads(self) -> int:
@@ -121,6 +129,23 @@ class MmaConfig(MmaTiling):
     warps: int = 8         # warps per CTA, interleaved over k16 tiles
     splits: int = 1        # K-splits across CTAs (grid y)
     unroll: int = 4        # k16 steps per chunk whose loads are issued together
+    min_ctas: int = 0      # CTAs per SM ptxas must fit (a register cap, nvvm.minctasm); 0 = none
+    # A linear group (linears reading the same x, e.g. q/k/v): the n of each member, summing to
+    # n. Member i's columns come from its own trellis tensor and read x rotated by its own suh
+    # (activation row segment i); () for one linear.
+    members: tuple = ()
+
+    @property
+    def x_k16(self) -> int:
+        return self.k16 * max(1, len(self.members))
+
+    @property
+    def member_tiles(self) -> tuple:
+        """(first n16 tile, n16 tiles) of each member in the output columns."""
+        starts = [0]
+        for n in self.members:
+            starts.append(starts[-1] + n // 16)
+        return tuple((starts[i], n // 16) for i, n in enumerate(self.members))
 
     @property
     def x_layout(self) -> str:
@@ -142,37 +167,45 @@ class MmaConfig(MmaTiling):
         if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
             raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
         self.check_tiling()
+        if self.members:
+            if not 2 <= len(self.members) <= MAX_MEMBERS or sum(self.members) != self.n:
+                raise ValueError(f"a linear group needs 2..{MAX_MEMBERS} members summing to "
+                                 f"n={self.n}, got {self.members}")
+            if any(n % (16 * self.n_tiles) for n in self.members):
+                raise ValueError(f"every member's n must be a multiple of 16 * n_tiles="
+                                 f"{16 * self.n_tiles}, got {self.members}")
         words = self.k16 * self.n16 * lane_geometry(self.K).words
-        if max(words, self.m_pad * self.k // 2, self.splits * self.m_pad * self.n) >= 2**31:
+        if max(words, self.m_pad * self.x_k16 * 8, self.splits * self.m_pad * self.n) >= 2**31:
             raise ValueError("tensor too large for 32-bit indexing")
         return self
 
 
-def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg):
+def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16=None):
     """Issue this lane's loads for the ``cfg.unroll`` k16 steps starting at tile row c0:
     weight words of tiles (kt, tile0 + j) for j < n_tiles (tile index kt * n16 + tile0 + j in
-    the flat tile sequence of ``tw``; tile0 may include an expert's offset) and the B fragments
-    of every token group.
+    the flat tile sequence of ``tw``, n16 = ``cfg.n16`` unless given (a group member's own);
+    tile0 may include an expert's offset) and the B fragments of every token group.
 
     B fragments by ``cfg.x_layout``:
-      * "fragments" (dense kernel, split pairs): x_base is ``b_fragment_word(G0, 0, 0, lane)``
-        of the CTA's first token group; 4 words per lane, each load 128 contiguous bytes per
-        warp (trellis_geometry.b_fragment_slot).
-      * "rows": x_base is the lane's word in row-major fp16 pairs, x_base + 8 g (k/2) + 8 kt
-        and + 4; with ``split_pairs`` (grouped MoE kernel) the halves are separated in
+      * "fragments" (dense kernel, split pairs): x_base is ``b_fragment_word(G0, kt0, 0,
+        lane, x_k16)`` of the CTA's first token group (kt0: the member's row segment); 4 words
+        per lane, each load 128 contiguous bytes per warp (trellis_geometry.b_fragment_slot).
+      * "rows": x_base is the lane's word in row-major fp16 pairs, x_base + 8 g (x_k16 * 8) +
+        8 kt and + 4; with ``split_pairs`` (grouped MoE kernel) the halves are separated in
         registers (two ALU ops per register).
     Returns (wbuf [unroll * n_tiles], bfrag [unroll * m_groups] of per-MMA (b0, b1) pairs).
     Shared by the dense and the grouped (MoE) kernels; plain Python, inlined at trace time."""
-    kw = cfg.k // 2
+    kw = cfg.x_k16 * 8
+    n16 = cfg.n16 if n16 is None else n16
     wbuf = []
     bfrag = []
     for u in range(cfg.unroll):
         kt = c0 + u
         for j in range(cfg.n_tiles):
-            wbuf.append(load_tile_words(tw, (kt * cfg.n16 + tile0 + j) * geo.words, funnels, geo))
+            wbuf.append(load_tile_words(tw, (kt * n16 + tile0 + j) * geo.words, funnels, geo))
         for g in range(cfg.m_groups):
             if cfg.x_layout == "fragments":
-                w0 = x_base + (g * cfg.k16 + kt) * B_REGS * 32
+                w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * 32
                 regs = [xw[w0 + 32 * i] for i in range(B_REGS)]
                 bfrag.append(((regs[0], regs[1]), (regs[2], regs[3])))
                 continue
@@ -251,35 +284,80 @@ def summed_fragment(red, idx, tn0, tok0, cfg):
     return total, tok, col
 
 
+def launch_bounds(min_ctas: int) -> dict:
+    """Launch options asking ptxas to fit ``min_ctas`` CTAs per SM (it caps the registers per
+    thread accordingly, spilling if it must); {} for no cap. The carveout is given explicitly
+    (-1, the driver's default) because the DSL otherwise queries the device's shared memory
+    size at compile time, which fails in CPU-only (compile-only) processes."""
+    if not min_ctas:
+        return {}
+    return dict(min_blocks_per_mp=min_ctas, preferred_smem_carveout=-1)
+
+
+def x_base_word(m0, kt0, lane, cfg):
+    """The lane's first activation word (load_chunk) for the CTA's token tile m0 and the row
+    segment starting at k16 step kt0: B-fragment order or row-major fp16 pairs (token
+    m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4))."""
+    if cfg.x_layout == "fragments":
+        return b_fragment_word(m0 // 8, kt0, 0, lane, cfg.x_k16)
+    return (m0 + lane // 4) * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
+
+
 @cute.kernel
 def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                         cfg: cutlass.Constexpr):
     geo = lane_geometry(cfg.K)
+    tid, lane, warp, (bx, by, bz) = cta_thread_ids()
+    tn0 = bx * cfg.n_tiles
+    m0 = bz * cfg.m_tile
+    funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
+    acc = zero_accumulators(cfg)
+    x_base = x_base_word(m0, 0, lane, cfg)
+    # Chunk c of warp w covers k16 tiles k0 + (c * warps + w) * unroll + u, u < unroll.
+    k0 = by * cfg.k_per_split
+    for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, cfg.warps * cfg.unroll):
+        wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_base, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
+    # Fold the warps' accumulators; write every element of the CTA's tiles (padded tokens too).
+    nacc = cfg.acc_regs
+    red = fold_warp_partials(acc, warp, lane, cfg)
+    for e in cutlass.range_constexpr(-(-(nacc * 32) // cfg.threads)):
+        idx = tid + e * cfg.threads
+        if idx < nacc * 32:
+            total, tok, col = summed_fragment(red, idx, tn0, m0, cfg)
+            out[(by * cfg.m_pad + tok) * cfg.n + col] = total
+
+
+@cute.kernel
+def _trellis_mma_group_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor,
+                              tw2: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
+    """The dense kernel over a linear group: the CTA's n16 tiles lie in one member (every
+    member's n16 is a multiple of n_tiles), whose trellis and activation segment it reads.
+    One copy of the k loop per member, behind a branch that is uniform over the CTA."""
+    geo = lane_geometry(cfg.K)
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     tn0 = bx * cfg.n_tiles
     m0 = bz * cfg.m_tile
     k0 = by * cfg.k_per_split
-    funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
-
-    nacc = cfg.acc_regs
+    funnels = lane_funnels(geo, lane)
     acc = zero_accumulators(cfg)
+    tws = (tw0, tw1, tw2)
+    for i in cutlass.range_constexpr(len(cfg.members)):
+        t0, n16 = cfg.member_tiles[i]
+        if tn0 >= t0:
+            if tn0 < t0 + n16:
+                x_base = x_base_word(m0, i * cfg.k16, lane, cfg)
+                for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split,
+                                        cfg.warps * cfg.unroll):
+                    wbuf, bfrag = load_chunk(xw, tws[i], c0, tn0 - t0, x_base, funnels, geo,
+                                             cfg, n16)
+                    mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
-    # B fragments of the CTA's token groups (load_chunk): B-fragment order or row-major.
-    if cutlass.const_expr(cfg.x_layout == "fragments"):
-        x_base = b_fragment_word(m0 // 8, 0, 0, lane, cfg.k16)
-    else:    # token m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4)
-        x_base = (m0 + lane // 4) * (cfg.k // 2) + lane % 4
-
-    # Chunk c of warp w covers k16 tiles k0 + (c * warps + w) * unroll + u, u < unroll.
-    chunk = cfg.warps * cfg.unroll
-    for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, chunk):
-        wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_base, funnels, geo, cfg)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
-
+    # Fold the warps' accumulators; write every element of the CTA's tiles (padded tokens too).
+    nacc = cfg.acc_regs
     red = fold_warp_partials(acc, warp, lane, cfg)
-    per_thread = -(-(nacc * 32) // cfg.threads)
-    for e in cutlass.range_constexpr(per_thread):
+    for e in cutlass.range_constexpr(-(-(nacc * 32) // cfg.threads)):
         idx = tid + e * cfg.threads
         if idx < nacc * 32:
             total, tok, col = summed_fragment(red, idx, tn0, m0, cfg)
@@ -293,4 +371,13 @@ def launch_trellis_mma(stream, xw: cute.Tensor, tw: cute.Tensor, out: cute.Tenso
     input_output_aliases (a caller-provided, e.g. NaN-poisoned, output buffer) cutlass_call passes
     the aliased input in place of ``out``, so the same launcher serves both."""
     _trellis_mma_kernel(xw, tw, out, cfg).launch(grid=cfg.grid, block=(cfg.threads, 1, 1),
-                                                stream=stream)
+                                                stream=stream, **launch_bounds(cfg.min_ctas))
+
+
+@cute.jit
+def launch_trellis_mma_group(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor,
+                             tw2: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
+    """cutlass_call entry of the group kernel (two-member groups pass their last trellis twice;
+    the third argument is then never read)."""
+    _trellis_mma_group_kernel(xw, tw0, tw1, tw2, out, cfg).launch(
+        grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream, **launch_bounds(cfg.min_ctas))

@@ -287,6 +287,11 @@ class BackendCounters:
         if gpu:
             from exl3_jax.ffi import trellis_gemm
             self._wrap(trellis_gemm, "trellis_matmul_gpu", "linear_gpu", lin)
+
+            def group(x, ws, *a, **k):
+                m = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
+                return f"m{m} {ws[0].k}x" + "+".join(str(w.n) for w in ws) + f" K{ws[0].K}"
+            self._wrap(trellis_gemm, "trellis_matmul_group_gpu", "linear_group_gpu", group)
             try:
                 from exl3_jax.ffi import trellis_moe
                 self._wrap(trellis_moe, "moe_gpu", "moe_fused_gpu", moe_desc)

@@ -4,6 +4,12 @@
   python scripts/gpu_tune.py --sweep [--shapes 8192x28672,...] [--m 1,16] [--configs 4mcg,4mul1]
       --out sweep.json    decode-plan grid: the full op (both Hadamard kernels included, so the
                           cost of more K-split partials counts) for splits x n_tiles x warps
+  python scripts/gpu_tune.py --groups llama8b_qkv,... [--m 1,8] [--configs 4mcg]
+      --out groups.json   linear groups (one launch per kernel) vs their members as separate
+                          linears
+  python scripts/gpu_tune.py --caps 0,5,6,8 [--shapes ...] [--m 1,16] [--configs ...]
+      --out caps.json     the full op with the plan's decode kernel compiled for at least that
+                          many CTAs per SM (a register cap; 0 = none)
 
 Per shape / codebook / m: the full op (Hadamard kernels + decode kernel), the same with jnp
 transforms, the decode kernel alone for variants of its plan (unroll, n_tiles, warps, splits),
@@ -119,12 +125,57 @@ def sweep_rows(k, n, cb, K, m, deadline):
     return row
 
 
+def cap_rows(k, n, cb, K, m, caps, deadline):
+    """The full decode op with the plan's kernel register-capped to fit ``c`` CTAs per SM."""
+    w = gb.random_weight(k, n, K, cb)
+    base = select_plan(m, k, n)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
+    row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(base),
+           "full_us": {}}
+    for c in caps:
+        if time.time() > deadline:
+            break
+        p = dataclasses.replace(base, min_ctas=c)
+        row["full_us"][f"min_ctas{c}"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=p),
+                                            (x, w), m, k, n)
+    return row
+
+
+GROUPS = {"llama8b_qkv": (4096, (4096, 1024, 1024)), "llama8b_gate_up": (4096, (14336, 14336)),
+          "qwen3moe_qkv": (2048, (4096, 512, 512))}
+
+
+def group_rows(name, cb, K, m):
+    """A linear group (one input transform, one decode launch, one output transform) vs its
+    members as separate linears (three launches each), timed the same way."""
+    from exl3_jax.ops import trellis_matmul_group
+    k, members = GROUPS[name]
+    ws = [gb.random_weight(k, n, K, cb, seed=i) for i, n in enumerate(members)]
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
+    nt = sum(members)
+    row = {"group": name, "k": k, "members": list(members), "codebook": cb, "K": K, "m": m,
+           "plan": dataclasses.asdict(select_plan(m, k, nt))}
+    # The loop keeps one element of the op's result: one of every member's outputs, so XLA
+    # cannot drop the other members' kernels as dead code (it does for a concatenation at m=1).
+    def used(ys):
+        return jnp.stack([y[..., -1] for y in ys]).sum()
+
+    row["separate_us"] = us(lambda x, ws: used([tg.trellis_matmul_gpu(x, w) for w in ws]),
+                            (x, ws), m, k, nt)
+    row["group_us"] = us(lambda x, ws: used(trellis_matmul_group(x, ws, backend="gpu")),
+                         (x, ws), m, k, nt)
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=200)
     p.add_argument("--sweep", action="store_true", help="decode-plan grid (see the docstring)")
     p.add_argument("--shapes", default="8192x28672,4096x14336,14336x4096,4096x4096,4096x1024")
+    p.add_argument("--caps", default=None, help="register-cap grid, e.g. 0,5,6,8")
+    p.add_argument("--groups", default=None,
+                   help=f"linear groups vs separate linears, from {sorted(GROUPS)}")
     p.add_argument("--m", default="1")
     p.add_argument("--configs", default="4mcg,4mul1", help="K and codebook, e.g. 3mcg,4mul1")
     a = p.parse_args(argv)
@@ -137,7 +188,22 @@ def main(argv=None) -> int:
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=1, default=str)
 
-    if a.sweep:
+    if a.groups:
+        result["groups"] = []
+        for name in a.groups.split(","):
+            for conf in a.configs.split(","):
+                for m in map(int, a.m.split(",")):
+                    if time.time() > deadline:
+                        break
+                    r = group_rows(name, conf[1:], int(conf[0]), m)
+                    result["groups"].append(r)
+                    print(json.dumps(r), flush=True)
+                    save()
+        result["seconds"] = time.time() - t0
+        save()
+        return 0
+
+    if a.sweep or a.caps:
         for shape in a.shapes.split(","):
             k, n = map(int, shape.split("x"))
             for conf in a.configs.split(","):
@@ -145,10 +211,14 @@ def main(argv=None) -> int:
                 for m in map(int, a.m.split(",")):
                     if time.time() > deadline:
                         break
-                    r = sweep_rows(k, n, cb, K, m, deadline)
+                    if a.caps:
+                        r = cap_rows(k, n, cb, K, m, [int(c) for c in a.caps.split(",")],
+                                     deadline)
+                    else:
+                        r = sweep_rows(k, n, cb, K, m, deadline)
                     result["sweep"].append(r)
-                    best = min((v, kk) for kk, v in r["full_us"].items()
-                               if isinstance(v, float))
+                    best = min(((v, kk) for kk, v in r["full_us"].items()
+                                if isinstance(v, float)), default=None)
                     print(f"{shape} K{K} {cb} m={m}: plan {r['plan']['splits']}/"
                           f"{r['plan']['n_tiles']}/{r['plan']['warps']} best {best}",
                           json.dumps(r["full_us"]), flush=True)

@@ -1,7 +1,7 @@
 """Validate the GPU Trellis GEMM kernels on a CUDA machine; writes one JSON report.
 
-  python scripts/gpu_validate.py --out $OUT/gpu_validate.json [--budget-s 420] [--quick]
-  python scripts/gpu_validate.py --memcheck decode|prefill     (run under compute-sanitizer)
+  python scripts/gpu_validate.py --out $OUT/gpu_validate.json [--budget-s 420] [--quick] [--group]
+  python scripts/gpu_validate.py --memcheck decode|prefill|group   (under compute-sanitizer)
   python scripts/gpu_validate.py --sass DIR                    (cubins + cuobjdump SASS)
 
 Sections (each recorded even if another fails):
@@ -12,6 +12,9 @@ Sections (each recorded even if another fails):
     m in {1, 2, 3, 7, 8, 16, 31, 32, 33, 128, 1000, 4096}, with the auto plan and, for m <= 32,
     also the prefill plan; kernel outputs are NaN-poisoned (aliased output buffers) so an
     unwritten element shows up as NaN.
+  group (--group): linear groups (members (n, n/4, n/4) and (n, n), sharing x, one launch of
+    each kernel) vs each member's fp32 reference, NaN-poisoned partials and the production
+    dispatch (ops.trellis_matmul_group), m in {1, 3, 16, 32}.
   dispatch: exl3_jax.ops.trellis_matmul on the GPU backend vs the reference backend.
   bench: a timing table vs a bf16 jnp.dot in a jitted loop (exl3_jax.ffi.bench).
 """
@@ -19,8 +22,10 @@ Sections (each recorded even if another fails):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -132,6 +137,57 @@ def check_gemm(cb, K, k, n, ms):
     return rows
 
 
+GROUP_M = (1, 3, 16, 32)          # m_tile 8, 8 (padded rows), 16, 32
+
+
+def check_group(cb, K, k, members, ms=GROUP_M):
+    """A linear group (q/k/v-like members sharing x) through one decode launch: poisoned
+    group kernel (NaN-filled partials) and the production dispatch (ops.trellis_matmul_group,
+    bf16 x) vs each member's fp32 reference; some members carry a bias."""
+    from exl3_jax.ops import trellis_matmul_group
+    ws = []
+    for i, n in enumerate(members):
+        w = gb.random_weight(k, n, K, cb, seed=21 + i)
+        bias = (jnp.asarray(np.random.default_rng(30 + i).standard_normal(n) * 0.1, jnp.float16)
+                if i % 2 == 0 else None)
+        ws.append(type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features,
+                          w.out_features))
+    nt = sum(members)
+    plans = [select_plan(m, k, nt, force="decode") for m in ms]
+    xs = {m: jnp.asarray(np.random.default_rng(100 + m).standard_normal((m, k)), jnp.float32)
+          for m in ms}
+    xb = {m: jax.device_put(np.asarray(xs[m]).astype(jnp.bfloat16)) for m in ms}
+
+    @jax.jit
+    def run(xs, xb, ws):
+        poisoned = [tg.trellis_matmul_group(xs[m], ws, plan, poison=True)
+                    for m, plan in zip(ms, plans)]
+        prod = [jnp.concatenate(trellis_matmul_group(xb[m], ws, backend="gpu"), axis=-1)
+                for m in ms]
+        ref = {m: jnp.concatenate([linear_reference(xs[m], w.trellis, w.suh, w.svh, w.codebook,
+                                                    w.bias) for w in ws], axis=-1) for m in ms}
+        ref_b = {m: jnp.concatenate([linear_reference(xb[m], w.trellis, w.suh, w.svh,
+                                                      w.codebook, w.bias) for w in ws], axis=-1)
+                 for m in ms}
+        return poisoned, prod, ref, ref_b
+
+    poisoned, prod, ref, ref_b = run(xs, xb, ws)
+    rows = []
+    for path, outs, rs in (("poisoned", poisoned, ref), ("prod", prod, ref_b)):
+        for m, y in zip(ms, outs):
+            y = np.asarray(y, np.float64)
+            r = np.asarray(rs[m], np.float64)
+            nan = int(np.sum(~np.isfinite(y)))
+            # worst member: a wrong member tile or activation segment shows there even when the
+            # whole output's error is dominated by a larger member
+            starts = np.cumsum([0, *members])
+            rel = max(float(np.linalg.norm(y[:, a:b] - r[:, a:b]) / np.linalg.norm(r[:, a:b]))
+                      for a, b in zip(starts[:-1], starts[1:])) if nan == 0 else float("inf")
+            rows.append(dict(codebook=cb, K=K, members=list(members), m=m, path=path,
+                             rel_l2=rel, nonfinite=nan, ok=bool(nan == 0 and rel <= 1e-3)))
+    return rows
+
+
 def check_dispatch(k=1024, n=512):
     from exl3_jax.ops import trellis_matmul
     w = gb.random_weight(k, n, 3, "mcg", seed=3)
@@ -199,7 +255,29 @@ def run_validation(args) -> dict:
                     for r in rs if not r.get("ok")))
         return rows
 
+    def group():
+        rows = []
+        three, two = (n, n // 4, n // 4), (n, n)
+        cases = [(cb, K, members) for cb, K in configs(args.quick) for members in (three, two)]
+        if args.quick:
+            cases = [("mcg", 3, three), ("mul1", 4, two), ("mcg", 4, three), ("3inst", 2, two)]
+        for cb, K, members in cases:
+            if time.time() > deadline:
+                rows.append({"skipped": "budget"})
+                break
+            try:
+                rs = check_group(cb, K, k, members)
+            except Exception as e:   # noqa: BLE001
+                rs = [{"codebook": cb, "K": K, "members": list(members),
+                       "error": f"{type(e).__name__}: {e}"[:2000], "ok": False}]
+            rows += rs
+            log(f"[group] {cb:5} K={K:<4} {members} all_ok={all(r.get('ok') for r in rs)} "
+                f"worst_rel_l2={max(r.get('rel_l2', float('inf')) for r in rs):.3g}")
+        return rows
+
     section("decode_exact", decode_exact)
+    if args.group:
+        section("group", group)
     section("gemm", gemm)
     section("dispatch", check_dispatch)
     if not args.no_bench:
@@ -228,6 +306,9 @@ def summarize(report):
             worst = max((r.get("rel_l2", 0) for r in res if r.get("ok")), default=None)
             log(f"SUMMARY gemm: {len(ok)}/{len(res)} cases rel_l2<=1e-3 and no NaN; "
                 f"worst passing rel_l2={worst}")
+        elif name == "group":
+            ok = [r for r in res if r.get("ok")]
+            log(f"SUMMARY group: {len(ok)}/{len(res)} cases rel_l2<=1e-3 and no NaN")
         elif name == "dispatch":
             log(f"SUMMARY dispatch: {res}")
         elif name == "bench":
@@ -244,7 +325,11 @@ def write(report, path):
 
 
 def run_memcheck(kind: str) -> int:
-    """One small configuration per plan, for compute-sanitizer memcheck."""
+    """One small configuration per plan (and a linear group), for compute-sanitizer memcheck."""
+    if kind == "group":
+        rows = check_group("mcg", 3, 1024, (512, 256, 256), ms=(5,))
+        log(f"memcheck run group: {rows}")
+        return 0 if all(r["ok"] for r in rows) else 1
     k, n, m = 1024, 512, (5 if kind == "decode" else 40)
     w = gb.random_weight(k, n, 3, "mcg")
     plan = select_plan(m, k, n, force=kind)
@@ -256,8 +341,10 @@ def run_memcheck(kind: str) -> int:
     return 0 if rel < 1e-3 else 1
 
 
-def dump_sass(outdir: str) -> int:
-    """Compile representative kernels with cute.compile, save cubins and cuobjdump SASS."""
+def dump_sass(outdir: str, caps=(0,), shapes=((4096, 14336),),
+              configs=(("mcg", 3, 1), ("mul1", 4, 16))) -> int:
+    """Compile representative kernels with cute.compile (each with every register cap in
+    ``caps``, MmaConfig.min_ctas), save cubins and cuobjdump SASS with register counts."""
     import subprocess
 
     import cuda.bindings.driver as cuda
@@ -270,24 +357,26 @@ def dump_sass(outdir: str) -> int:
 
     os.makedirs(outdir, exist_ok=True)
     texts = []
-    for cb, K, m in (("mcg", 3, 1), ("mul1", 4, 16)):
-        k, n = 4096, 14336
+    for (k, n), (cb, K, m), cap in itertools.product(shapes, configs, caps):
         plan = select_plan(m, k, n, force="decode")
         cfg = MmaConfig(cb, K, -(-m // plan.m_tile), k, n, plan.m_tile, plan.n_tiles,
-                        plan.warps, plan.splits, plan.unroll).validate()
+                        plan.warps, plan.splits, plan.unroll, min_ctas=cap).validate()
         words = lane_geometry(K).words
-        fx = make_fake_compact_tensor(cutlass.Uint32, (cfg.m_pad * k // 2,), assumed_align=16)
+        x_words = cfg.m_pad * k // (1 if cfg.x_layout == "fragments" else 2)
+        fx = make_fake_compact_tensor(cutlass.Uint32, (x_words,), assumed_align=16)
         fw = make_fake_compact_tensor(cutlass.Uint32, (k // 16 * n // 16 * words,),
                                       assumed_align=16)
         fo = make_fake_compact_tensor(cutlass.Float32, (cfg.splits * cfg.m_pad * n,),
                                       assumed_align=16)
         c = cute.compile(launch_trellis_mma, cuda.CUstream(0), fx, fw, fo, cfg=cfg,
                          options="--keep-ptx --keep-cubin")
-        path = os.path.join(outdir, f"mma_{cb}_K{K}_m{m}.cubin")
+        path = os.path.join(outdir, f"mma_{k}x{n}_{cb}_K{K}_m{m}_cap{cap}.cubin")
         with open(path, "wb") as f:
             f.write(c.__cubin__)
         r = subprocess.run(["cuobjdump", "-sass", "-res-usage", path], capture_output=True,
                            text=True)
+        regs = re.findall(r"REG:(\d+)", r.stdout)
+        log(f"{k}x{n} {cb} K={K} m={m} min_ctas={cap}: registers {regs}")
         texts.append(f"==== {cb} K={K} m={m} cfg={cfg}\n{r.stdout}\n{r.stderr}")
     with open(os.path.join(outdir, "sass.txt"), "w") as f:
         f.write("\n".join(texts))
@@ -305,13 +394,21 @@ def main(argv=None) -> int:
     p.add_argument("--bench-s", type=float, default=150.0, help="extra seconds for the bench")
     p.add_argument("--quick", action="store_true", help="5 representative configs only")
     p.add_argument("--no-bench", action="store_true")
-    p.add_argument("--memcheck", choices=("decode", "prefill"))
+    p.add_argument("--group", action="store_true", help="also validate linear groups")
+    p.add_argument("--memcheck", choices=("decode", "prefill", "group"))
     p.add_argument("--sass", metavar="DIR")
+    p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")
+    p.add_argument("--sass-shapes", default="4096x14336")
+    p.add_argument("--sass-configs", default="mcg3:1,mul14:16",
+                   help="codebook K : m, e.g. mcg3:1 (K one digit)")
     a = p.parse_args(argv)
     if a.memcheck:
         return run_memcheck(a.memcheck)
     if a.sass:
-        return dump_sass(a.sass)
+        configs = [(c.split(":")[0][:-1], int(c.split(":")[0][-1]), int(c.split(":")[1]))
+                   for c in a.sass_configs.split(",")]
+        shapes = [tuple(map(int, s.split("x"))) for s in a.sass_shapes.split(",")]
+        return dump_sass(a.sass, [int(c) for c in a.sass_caps.split(",")], shapes, configs)
     rep = run_validation(a)
     bad = [n for n, s in rep["sections"].items() if "error" in s]
     return 1 if bad else 0

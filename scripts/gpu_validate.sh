@@ -6,7 +6,7 @@
 #
 # Needs .device/cutlass_dsl_cp312_cu13.tar.xz (copy of shared/device/, ignored by git) in the tree.
 # Writes OUTDIR/gpu_validate.json (bit-exact decode, GEMM accuracy, dispatch), gpu_bench.json
-# (timing vs bf16), sass.txt (cuobjdump of two decode kernels), memcheck_{decode,prefill}.log.
+# (timing vs bf16), sass.txt (cuobjdump of two decode kernels), memcheck_{decode,prefill,group}.log.
 # Env: BENCH_SHAPES (default 4096x14336,8192x28672), BENCH_BUDGET_S (default 170).
 set -u
 OUTDIR=${1:-${OUT:-/tmp/exl3_gpu_out}}
@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 # out-of-bounds accesses are caught; host API return codes are not reported).
 (
   if command -v compute-sanitizer >/dev/null; then
-    for kind in decode prefill; do
+    for kind in decode prefill group; do
       XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false \
         timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 \
         python3 scripts/gpu_validate.py --memcheck $kind > "$OUTDIR/memcheck_$kind.log" 2>&1

@@ -212,12 +212,29 @@ def emulated_kernels(monkeypatch):
                  for s in range(cfg.splits)]
         return jnp.stack(parts).reshape(-1)
 
+    def mma_group_partials_words(xw, ws, plan, out_init=None):
+        cfg = tg._group_config(ws, plan)
+        calls.append(("group", cfg))
+        xh = rows_from_mma_words(xw, cfg, cfg.x_k16 * 16)          # [m_pad, G * k]
+        ks = cfg.k // cfg.splits
+        parts = []
+        for s in range(cfg.splits):
+            cols = []
+            for i, w in enumerate(ws):
+                wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
+                xi = xh[:, i * cfg.k:(i + 1) * cfg.k].astype(jnp.float32)
+                cols.append(jnp.matmul(xi[:, s * ks:(s + 1) * ks], wh[s * ks:(s + 1) * ks],
+                                       precision="highest"))
+            parts.append(jnp.concatenate(cols, axis=1))
+        return jnp.stack(parts).reshape(-1)
+
     def dequantize_transposed(w, plan, out_init=None):
         cfg = tg._dequant_config(w, plan)
         calls.append(("prefill", cfg))
         return decode_trellis(w.trellis, w.codebook).T
 
     def hadamard_in(x, suh, m_pad, layout="rows"):
+        x = jnp.tile(jnp.asarray(x), (1, suh.shape[0] // x.shape[1]))   # a group: one copy each
         xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32)
         xs = jnp.pad(xs, ((0, m_pad - x.shape[0]), (0, 0)))
         xh = hadamard128(xs).astype(jnp.float16)
@@ -230,7 +247,9 @@ def emulated_kernels(monkeypatch):
         y = jnp.sum(part.reshape(splits, m_pad, n), axis=0)[:m]
         return tg.output_transform(y, svh, bias)
 
+    monkeypatch.setattr(tg, "_cutlass_jax_ok", lambda: True)
     for name, fn in (("mma_partials_words", mma_partials_words), ("hadamard_in", hadamard_in),
+                     ("mma_group_partials_words", mma_group_partials_words),
                      ("hadamard_out", hadamard_out),
                      ("dequantize_transposed", dequantize_transposed)):
         monkeypatch.setattr(tg, name, fn)
@@ -264,6 +283,53 @@ def test_gpu_path_leading_axes_and_dispatch(rng, emulated_kernels, monkeypatch):
     assert emulated_kernels and emulated_kernels[-1][0] == "decode"   # m = 6 rows
 
 
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("codebook,K", [("mcg", 3), ("mul1", 4)])   # split / packed B words
+@pytest.mark.parametrize("members", [(256, 128, 128), (384, 384)])
+def test_linear_group_matches_its_members(rng, emulated_kernels, m, codebook, K, members):
+    # q/k/v-like members reading one x: one input transform, one decode launch, one output
+    # transform; each member's columns equal its own reference linear (member 0 has a bias).
+    from exl3_jax.ops import trellis_matmul_group
+    ws = [random_weight(rng, 512, n, K, codebook, bias=i == 0) for i, n in enumerate(members)]
+    x = jnp.asarray(rng.standard_normal((m, 512)), jnp.float32)
+    ys = jax.jit(lambda x, ws: trellis_matmul_group(x, ws, backend="gpu"))(x, ws)
+    assert [c[0] for c in emulated_kernels] == ["group"]
+    cfg = emulated_kernels[0][1]
+    assert cfg.members == members and cfg.n == sum(members) and cfg.x_k16 == 32 * len(members)
+    for y, w in zip(ys, ws):
+        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
+        assert y.shape == ref.shape
+        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
+
+
+def test_linear_group_falls_back_per_member(rng, emulated_kernels):
+    from exl3_jax.ops import trellis_matmul_group
+    x = jnp.asarray(rng.standard_normal((3, 256)), jnp.float32)
+    mixed_k = [random_weight(rng, 256, 128, 3, "mcg"), random_weight(rng, 256, 128, 4, "mcg")]
+    ys = trellis_matmul_group(x, mixed_k, backend="gpu")
+    assert [c[0] for c in emulated_kernels] == ["decode", "decode"]
+    for y, w in zip(ys, mixed_k):
+        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook)
+        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
+    emulated_kernels.clear()
+    x40 = jnp.asarray(rng.standard_normal((40, 256)), jnp.float32)     # a prefill size
+    trellis_matmul_group(x40, [mixed_k[0], mixed_k[0]], backend="gpu")
+    assert [c[0] for c in emulated_kernels] == ["prefill", "prefill"]
+
+
+def test_group_config_checks():
+    from exl3_jax.ffi.trellis_mma import MmaConfig
+    base = dict(codebook="mcg", K=4, m_blocks=1, k=256, n=512, unroll=2)
+    assert MmaConfig(**base, members=(256, 128, 128)).validate().member_tiles == \
+        ((0, 16), (16, 8), (24, 8))
+    with pytest.raises(ValueError, match="summing to n=512"):
+        MmaConfig(**base, members=(256, 128)).validate()
+    with pytest.raises(ValueError, match="2..3 members"):
+        MmaConfig(**base, members=(128,) * 4).validate()
+    with pytest.raises(ValueError, match="multiple of 16 \\* n_tiles"):
+        MmaConfig(**base, members=(496, 16)).validate()
+
+
 def test_trellis_words_is_the_spec_pairing(rng):
     t = rng.integers(-32768, 32768, size=(2, 3, 48), dtype=np.int64).astype(np.int16)
     u = t.view(np.uint16).astype(np.uint32)
@@ -282,6 +348,9 @@ COMPILE_CASES = [
     ("mcg", 8, 64, "prefill"), ("mul1", 2.5, 1, "decode"), ("mul1", 3.5, 33, "prefill"),
     ("3inst", 4, 128, "prefill"), ("mcg", 2, 100, "prefill"), ("mul1", 3, 24, "decode"),
     ("mul1", 4, 1, "decode", 4096, 8192), ("mcg", 3, 8, "decode", 4096, 1024),
+    # linear groups (q/k/v-like, gate/up-like): split and packed B words
+    ("mcg", 4, 1, "decode", 512, 512, (256, 128, 128)), ("mul1", 3, 12, "decode", 256, 512,
+                                                          (256, 256)),
 ]
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .linear import project
 from .rope import RopeConfig, apply_rope
 
 _NEG = -1e30
@@ -121,9 +122,10 @@ class Attention(nnx.Module):
         """x [B, T, H]; positions int32 [B, T]; mask bool [B, T, S]; k_cache/v_cache
         [B, S, Hkv, D]; write_slot int32 [] -> (out [B, T, H], k_cache, v_cache)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).reshape(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = q.reshape(B, T, self.num_heads, self.head_dim)
+        k = k.reshape(B, T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)

@@ -32,6 +32,12 @@ def dequantize_weight(weight: Exl3Weight):
     return _dequantize_weight(weight)
 
 
+def _add_bias(y, weight: Exl3Weight):
+    if weight.bias is None:
+        return y
+    return y + weight.bias[:weight.out_features].astype(jnp.float32)
+
+
 def exl3_forward(x, weight: Exl3Weight, dense=None):
     """y = x @ W (+ bias) for one EXL3 linear under the numerics policy (see ``numerics``).
 
@@ -42,17 +48,39 @@ def exl3_forward(x, weight: Exl3Weight, dense=None):
     Returns:
       float32 [..., out_features].
     """
-    if dense is not None:
-        xp = ops.pad_input(x.astype(jnp.float32), weight.k)
-        y = jnp.einsum("...k,kn->...n", xp, dense, precision=_HIGHEST)[..., :weight.out_features]
-    elif x.dtype == jnp.float32:
-        return ops.trellis_matmul(x, weight)
-    else:   # fp16 kernel operand: scale rows into range, undo the scale before the bias
-        x16, scale = fp16_operand(x)
-        y = ops.trellis_matmul(x16, dataclasses.replace(weight, bias=None)) * scale
-    if weight.bias is not None:
-        y = y + weight.bias[:weight.out_features].astype(jnp.float32)
-    return y
+    if dense is None:
+        return exl3_forward_group(x, [weight])[0]
+    xp = ops.pad_input(x.astype(jnp.float32), weight.k)
+    y = jnp.einsum("...k,kn->...n", xp, dense, precision=_HIGHEST)[..., :weight.out_features]
+    return _add_bias(y, weight)
+
+
+def exl3_forward_group(x, weights):
+    """[x @ W_i (+ bias_i)] for EXL3 linears that read the same x (ops.trellis_matmul_group),
+    under the numerics policy: fp32 inputs go to the kernels as they are; other dtypes as an fp16
+    operand with a per-row power-of-two scale, undone before the bias.
+
+    Args:
+      x: float [..., d], d <= every member's k; bf16 or fp32.
+      weights: sequence of Exl3Weight without stack axes.
+    Returns:
+      list of float32 [..., out_features_i].
+    """
+    if x.dtype == jnp.float32:
+        return ops.trellis_matmul_group(x, weights)
+    x16, scale = fp16_operand(x)
+    ys = ops.trellis_matmul_group(x16, [dataclasses.replace(w, bias=None) for w in weights])
+    return [_add_bias(y * scale, w) for y, w in zip(ys, weights)]
+
+
+def project(x, linears):
+    """[linear(x) for linear in linears] in x's dtype; EXL3 linears without a dequantized cache
+    run as one group (``exl3_forward_group``: one set of GPU launches for q/k/v or gate/up)."""
+    if len(linears) > 1 and all(isinstance(lin, Exl3Linear) and lin.dense is None
+                                for lin in linears):
+        ys = exl3_forward_group(x, [lin.weight for lin in linears])
+        return [y.astype(x.dtype) for y in ys]
+    return [lin(x) for lin in linears]
 
 
 class Exl3Linear(nnx.Module):

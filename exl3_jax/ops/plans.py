@@ -34,6 +34,7 @@ class TrellisPlan:
     warps: int = 0
     splits: int = 0
     unroll: int = 0
+    min_ctas: int = 0          # CTAs per SM the compiler must fit (caps registers); 0 = no cap
     # prefill (dequantize kernel) parameters
     dq_warps: int = 0
     dq_k_tiles: int = 0

@@ -1,7 +1,8 @@
 """The dispatch point of the Trellis GEMM: y = x @ W for an ``Exl3Weight``.
 
-Models call ``trellis_matmul`` and nothing else; it picks the backend (the jax.numpy reference,
-or a GPU kernel from ``exl3_jax.ffi`` when one is available) at trace time.
+Models call ``trellis_matmul`` (one linear) or ``trellis_matmul_group`` (linears that read the
+same input, such as q/k/v) and nothing else; they pick the backend (the jax.numpy reference, or a
+GPU kernel from ``exl3_jax.ffi`` when one is available) at trace time.
 
 Backend choice, in order: the ``backend=`` argument, the ``EXL3_JAX_BACKEND`` environment variable
 ("auto", "reference", "gpu"), then "auto" (the GPU kernel on a CUDA device, else the reference).
@@ -9,6 +10,7 @@ Backend choice, in order: the ``backend=`` argument, the ``EXL3_JAX_BACKEND`` en
 
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -69,3 +71,29 @@ def trellis_matmul(x, weight: Exl3Weight, *, backend: str | None = None):
         y = linear_reference(x, weight.trellis, weight.suh, weight.svh, weight.codebook,
                              weight.bias)
     return y[..., :weight.out_features]
+
+
+def trellis_matmul_group(x, weights, *, backend: str | None = None):
+    """[x @ W_i (+ bias_i)] for linears that read the same x (q/k/v, gate/up).
+
+    On the GPU, members with one padded k, K and codebook at a decode-plan m run as one group:
+    one input transform, one decode launch and one output transform instead of three launches
+    each (a decode step is launch-bound: bench/NOTES.md). Otherwise, and on the reference
+    backend, each member is one ``trellis_matmul``.
+
+    Args:
+      x: float [..., d] (d <= every member's padded k).
+      weights: sequence of ``Exl3Weight`` without stack axes.
+    Returns:
+      list of float32 [..., out_features_i].
+    """
+    weights = list(weights)
+    if resolve_backend(backend) == "gpu" and len({w.k for w in weights}) == 1:
+        from ..ffi import trellis_gemm
+        xp = pad_input(x, weights[0].k)
+        m = math.prod(xp.shape[:-1])
+        if m and not any(w.stack_shape for w in weights) and \
+                trellis_gemm.group_supported(weights, m):
+            ys = trellis_gemm.trellis_matmul_group_gpu(xp, weights)
+            return [y[..., :w.out_features] for y, w in zip(ys, weights)]
+    return [trellis_matmul(x, w, backend=backend) for w in weights]
