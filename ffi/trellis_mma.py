@@ -39,6 +39,10 @@ Layout contract (flat, row-major views; all sizes static at compile time):
   tw:  uint32 [k/16, n/16, W/2]   the trellis words (int16 pairs, little endian)
   out: float32 [splits, m_pad, n] partial sums (padded rows too: they are zero, and keeping m out
                                   of the compile key lets m = 1..8 share one binary)
+A linear group (``_trellis_mma_group_kernel``, MmaConfig.members = (n_0, .., n_{G-1})) takes G
+trellis tensors tw_i [k/16, n_i/16, W/2] and the words of the [m_pad, G * k] activation whose
+row segment i is x rotated by member i's suh; out has n = sum(n_i) columns, member i's after
+those of members < i.
 """
 
 from __future__ import annotations

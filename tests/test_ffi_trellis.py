@@ -317,6 +317,33 @@ def test_linear_group_falls_back_per_member(rng, emulated_kernels):
     assert [c[0] for c in emulated_kernels] == ["prefill", "prefill"]
 
 
+def test_models_project_their_shared_inputs_as_groups(rng, emulated_kernels, monkeypatch):
+    # The Flax modules route q/k/v and gate/up through one group each (nn.linear.project); with
+    # the GPU backend (emulated kernels) the MLP equals its reference-backend result.
+    from exl3_jax.nn.linear import Exl3Linear, project
+    from exl3_jax.nn.mlp import GatedMLP
+    x = jnp.asarray(rng.standard_normal((1, 3, 256)), jnp.bfloat16)
+    mlp = GatedMLP(*(Exl3Linear(random_weight(rng, k, n, 4, "mcg"))
+                     for k, n in ((256, 384), (256, 384), (384, 256))))
+    monkeypatch.setenv("EXL3_JAX_BACKEND", "reference")
+    want = mlp(x)
+    monkeypatch.setenv("EXL3_JAX_BACKEND", "gpu")
+    got = mlp(x)
+    assert [c[0] for c in emulated_kernels] == ["group", "decode"]      # gate/up, then down
+    rel = float(jnp.linalg.norm((got - want).astype(jnp.float32)) /
+                jnp.linalg.norm(want.astype(jnp.float32)))
+    assert got.dtype == jnp.bfloat16 and rel < 1e-2                    # bf16 outputs
+    emulated_kernels.clear()
+    qkv = [Exl3Linear(random_weight(rng, 256, n, 3, "mcg")) for n in (256, 128, 128)]
+    ys = project(x, qkv)
+    assert [c[0] for c in emulated_kernels] == ["group"]
+    assert [y.shape for y in ys] == [(1, 3, 256), (1, 3, 128), (1, 3, 128)]
+    qkv[1].cache_dequantized()               # a member with a dense cache: each one alone
+    emulated_kernels.clear()
+    project(x, qkv)
+    assert [c[0] for c in emulated_kernels] == ["decode", "decode"]
+
+
 def test_group_config_checks():
     from exl3_jax.ffi.trellis_mma import MmaConfig
     base = dict(codebook="mcg", K=4, m_blocks=1, k=256, n=512, unroll=2)
