@@ -188,41 +188,41 @@ def main(argv=None) -> int:
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=1, default=str)
 
-    if a.groups:
-        result["groups"] = []
-        for name in a.groups.split(","):
+    def grid(items):
+        """(item, K, codebook, m) over items x --configs x --m until the deadline."""
+        for item in items:
             for conf in a.configs.split(","):
                 for m in map(int, a.m.split(",")):
                     if time.time() > deadline:
-                        break
-                    r = group_rows(name, conf[1:], int(conf[0]), m)
-                    result["groups"].append(r)
-                    print(json.dumps(r), flush=True)
-                    save()
+                        return
+                    yield item, int(conf[0]), conf[1:], m
+
+    if a.groups:
+        result["groups"] = []
+        for name, K, cb, m in grid(a.groups.split(",")):
+            r = group_rows(name, cb, K, m)
+            result["groups"].append(r)
+            print(json.dumps(r), flush=True)
+            save()
         result["seconds"] = time.time() - t0
         save()
         return 0
 
     if a.sweep or a.caps:
-        for shape in a.shapes.split(","):
+        for shape, K, cb, m in grid(a.shapes.split(",")):
             k, n = map(int, shape.split("x"))
-            for conf in a.configs.split(","):
-                K, cb = int(conf[0]), conf[1:]
-                for m in map(int, a.m.split(",")):
-                    if time.time() > deadline:
-                        break
-                    if a.caps:
-                        r = cap_rows(k, n, cb, K, m, [int(c) for c in a.caps.split(",")],
-                                     deadline)
-                    else:
-                        r = sweep_rows(k, n, cb, K, m, deadline)
-                    result["sweep"].append(r)
-                    best = min(((v, kk) for kk, v in r["full_us"].items()
-                                if isinstance(v, float)), default=None)
-                    print(f"{shape} K{K} {cb} m={m}: plan {r['plan']['splits']}/"
-                          f"{r['plan']['n_tiles']}/{r['plan']['warps']} best {best}",
-                          json.dumps(r["full_us"]), flush=True)
-                    save()
+            if a.caps:
+                r = cap_rows(k, n, cb, K, m, [int(c) for c in a.caps.split(",")],
+                             deadline)
+            else:
+                r = sweep_rows(k, n, cb, K, m, deadline)
+            result["sweep"].append(r)
+            best = min(((v, kk) for kk, v in r["full_us"].items()
+                        if isinstance(v, float)), default=None)
+            print(f"{shape} K{K} {cb} m={m}: plan {r['plan']['splits']}/"
+                  f"{r['plan']['n_tiles']}/{r['plan']['warps']} best {best}",
+                  json.dumps(r["full_us"]), flush=True)
+            save()
         result["seconds"] = time.time() - t0
         save()
         return 0
