@@ -126,7 +126,8 @@ def export_linear(k: int, n: int, K, codebook: str, m: int, plan=None, x_dtype=j
 
 def export_group(k: int, members, K, codebook: str, m: int, x_dtype=jnp.bfloat16):
     """jax.export of a linear group's decode call (trellis_gemm.trellis_matmul_group: members
-    of out sizes ``members`` reading one x [m, k]) for platforms=["cuda"]; compile-only checks
+    of out sizes ``members`` reading one x [m, k], member 0 with a bias) for platforms=["cuda"];
+    compile-only checks
     (groups have no artifacts: generate uses them only where the kernels compile in-process)."""
     from jax import export
 
@@ -137,14 +138,14 @@ def export_group(k: int, members, K, codebook: str, m: int, x_dtype=jnp.bfloat16
 
     tplan = resolve_plan(m, k, sum(members), "decode")
 
-    def fn(x, *flat):
-        ws = [Exl3Weight(trellis=t, suh=u, svh=v, bias=None, codebook=codebook, K=K,
-                         in_features=k, out_features=n)
-              for (t, u, v), n in zip(zip(*[iter(flat)] * 3), members)]
+    def fn(x, bias0, *flat):          # member 0 has a bias, the others none
+        ws = [Exl3Weight(trellis=t, suh=u, svh=v, bias=None if i else bias0,
+                         codebook=codebook, K=K, in_features=k, out_features=n)
+              for i, ((t, u, v), n) in enumerate(zip(zip(*[iter(flat)] * 3), members))]
         return tg.trellis_matmul_group(x, ws, tplan)
 
     sds = jax.ShapeDtypeStruct
-    args = [sds((m, k), x_dtype)]
+    args = [sds((m, k), x_dtype), sds((members[0],), jnp.float16)]
     for n in members:
         args += [sds((k // 16, n // 16, width_from_rate(K)), jnp.int16), sds((k,), jnp.float16),
                  sds((n,), jnp.float16)]

@@ -1,24 +1,36 @@
 """Hadamard-128 transform kernels around the Trellis GEMM (one warp per 128-element block).
 
-    input:   xh[r, :]  = fp16( H128(x[r, :] * suh) )       rows r >= m are written as zeros
+    input:   s[r]      = row scale of x[r, :] (the fp16 boundary, below)
+             xh[r, :]  = fp16( H128(x[r, :] * suh) / s[r] )   rows r >= m are written as zeros
              (row-major, or in the decode kernel's B-fragment order: ``layout``)
-    output:  y[r, :]   = H128( sum_s part[s, r, :] ) * svh + bias
+    output:  y[r, :]   = H128( sum_s part[s, r, :] ) * svh * s[r] + bias
 
 H128 is applied per contiguous 128-block of the feature axis with the reference order of fp32
 butterflies and one multiply by fp32(0x3DB504F3) (exl3_format.md 4.2); ``x * suh`` stays fp32
 (more accurate than exllamav3's fp16 product; exl3-jax compares with tolerances after decode).
 
-Why kernels rather than jnp: a Hadamard as an fp32 HIGHEST matmul costs 256 FLOP per element on
-the CUDA cores and several XLA launches around the GEMM; here each transform is one memory-bound
-launch, and the output kernel also sums the GEMM's K-split partials and applies svh and bias.
+The fp16 boundary: the GEMM's operand is the rotated row, and one rotated element can reach
+sqrt(128) * max|x * suh| (11.3x). Each row is therefore divided by the smallest power of two
+s >= max|x * suh| / 4096 (s >= 1; trellis_gemm.ROW_LIMIT_LOG2 = 12), so no rotated element exceeds
+11.32 * 4096 = 46341 < 65504, and the output kernel multiplies s back before the bias. A power
+of two is exact both ways, so rows in range (s = 1, nearly all) are untouched; for a scaled row
+only elements below 2^-14 * s turn into fp16 subnormals, 2^-26 of the row's max or less.
+Non-finite inputs stay non-finite. This replaces an XLA amax/divide before and a multiply after
+every linear (nn.numerics); each CTA computes its row's max itself from x and suh.
 
 Layout contract (flat row-major, sizes static):
-  input:  x [m, k] (f32 / bf16 / f16), suh f16 [k] -> xh f16: "rows" [m_pad, k], or
-          "fragments" [2 * m_pad * k], the decode kernel's split-pair B-fragment words
-          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32); for a
-          group of G linears (``inputs`` = G) suh is [G * k] and xh is that of the row
-          [x, x, ..., x] (G * k wide), each copy rotated with its own suh
-  output: part f32 [splits, m_pad, n], svh f16 [n], bias f16 [n] -> y f32 [m, n]
+  input:  x [m, k] (f32 / bf16 / f16), suh_g f16 [k] for each of the G members of a linear group
+          (G = 1 for one linear; unused slots of the MAX_MEMBERS pointers repeat a member) ->
+          (xh f16, s f32 [m_pad]): xh "rows" [m_pad, G * k], or "fragments"
+          [2 * m_pad * G * k], the decode kernel's split-pair B-fragment words
+          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32), of the row
+          [x, x, ..., x] (G * k wide), copy g rotated with suh_g; one s per row, the max over
+          every copy; s[r] = 1 for r >= m
+  output: part f32 [splits, m_pad, n], per member svh_g f16 [n_g] and, where ``biased[g]``,
+          bias_g f16 [n_g] (n = sum n_g, member g's columns after those of members < g),
+          s f32 [m_pad] -> y f32 [m, n]
+The members' vectors are separate pointers, not one concatenation: inside a jitted decode loop XLA
+re-ran such concatenations every step (four per layer, 0.2 ms of a 4.4 ms step, measured).
 """
 
 from __future__ import annotations
@@ -28,13 +40,20 @@ import dataclasses
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cute_ops import block_row_col, hadamard128_lane, warp_task
+from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
+from .trellis_gemm import ROW_LIMIT_LOG2
 from .trellis_geometry import b_fragment_slot, b_fragment_word
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
+THREADS = 32 * WARPS
+MAX_MEMBERS = 3                     # vector pointers per launch (trellis_mma.MAX_MEMBERS)
+LOAD_REGS = 128                     # row-max loads (x and suh) in flight per thread
 LAYOUTS = ("rows", "fragments")     # input transform outputs (see the layout contract)
+SPLIT_ROWS = 32                     # input transforms of up to this many rows split each row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +65,12 @@ class HadamardConfig:
     part_rows: int = 0  # output transform: rows per partial (m_pad)
     layout: str = "rows"  # input transform output: one of LAYOUTS
     inputs: int = 1    # input transform of a linear group: x is width / inputs wide and read once
-                       # per member, each copy with its own suh segment (suh [width])
+                       # per member, each copy with its own suh_g
+    members: tuple = ()  # output transform: each member's columns (sum = width; () = one member)
+    biased: tuple = ()   # output transform: which members have a bias (() = none)
+    per_warp: int = 1  # input transform: 128-blocks each warp rotates. 1 spreads a row over
+                       # row_blocks / WARPS CTAs, each reducing the row's max again (decode: few
+                       # rows, latency); row_blocks / WARPS makes one CTA per row (prefill)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -54,6 +78,36 @@ class HadamardConfig:
         if self.width % (128 * self.inputs):
             raise ValueError(f"width {self.width} is not {self.inputs} segments of whole "
                              f"128-blocks")
+        if self.per_warp < 1:
+            raise ValueError(f"per_warp must be >= 1, got {self.per_warp}")
+        if not 1 <= self.inputs <= MAX_MEMBERS:
+            raise ValueError(f"{self.inputs} inputs; at most {MAX_MEMBERS}")
+        if self.members and (sum(self.members) != self.width or len(self.members) > MAX_MEMBERS
+                             or any(n % 128 for n in self.members)):
+            raise ValueError(f"members {self.members} are not <= {MAX_MEMBERS} whole 128-blocks "
+                             f"summing to width {self.width}")
+        if self.biased and len(self.biased) != len(self.out_members):
+            raise ValueError(f"biased {self.biased} does not match members {self.out_members}")
+
+    @classmethod
+    def input(cls, rows: int, valid: int, width: int, *, layout: str = "rows",
+              inputs: int = 1) -> "HadamardConfig":
+        """The input transform of ``rows`` rows: split rows while there are few of them."""
+        per_warp = 1 if rows <= SPLIT_ROWS else -(-width // (128 * WARPS))
+        return cls(rows=rows, valid=valid, width=width, layout=layout, inputs=inputs,
+                   per_warp=per_warp)
+
+    @property
+    def out_members(self) -> tuple:
+        """Output transform: each member's columns."""
+        return self.members or (self.width,)
+
+    def has_bias(self, g: int) -> bool:
+        return bool(self.biased) and bool(self.biased[g])
+
+    @property
+    def member_starts(self) -> tuple:
+        return tuple(sum(self.out_members[:g]) for g in range(len(self.out_members)))
 
     @property
     def x_width(self) -> int:
@@ -66,41 +120,163 @@ class HadamardConfig:
         return self.rows * self.width * (2 if self.layout == "fragments" else 1)
 
     @property
+    def row_blocks(self) -> int:
+        return self.width // 128
+
+    @property
     def blocks(self) -> int:
-        return self.rows * (self.width // 128)
+        return self.rows * self.row_blocks
+
+    @property
+    def row_ctas(self) -> int:
+        """Input transform: CTAs per row."""
+        return -(-self.row_blocks // (WARPS * self.per_warp))
+
+    @property
+    def max_steps(self) -> int:
+        """Input transform: x elements of the row's max each thread reads."""
+        return -(-self.x_width // THREADS)
+
+    @property
+    def load_batch(self) -> int:
+        """Input transform: row-max steps whose loads are issued together (all of them for
+        rows up to 128 * THREADS / (1 + inputs) wide: one memory round trip)."""
+        return max(1, LOAD_REGS // (1 + self.inputs))
+
+    @property
+    def in_grid(self) -> tuple[int, int, int]:
+        return (self.rows * self.row_ctas, 1, 1)
 
     @property
     def grid(self) -> tuple[int, int, int]:
         return (-(-self.blocks // WARPS), 1, 1)
 
 
-@cute.kernel
-def _hadamard_in_kernel(x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
-                        cfg: cutlass.Constexpr):
-    lane, blk = warp_task(WARPS)
-    if blk < cfg.blocks:
-        row, col = block_row_col(blk, cfg.width, lane)
-        # Padding rows read row valid-1 and are zeroed by a factor: no divergent branch around
-        # the warp shuffles, and x needs no padded copy.
-        xcol = col if cutlass.const_expr(cfg.inputs == 1) else col % cfg.x_width
-        src = cutlass.min(row, cfg.valid - 1) * cfg.x_width + xcol
-        keep = cutlass.select_(row < cfg.valid, Float32(1.0), Float32(0.0))
-        v = [Float32(x[src + e]) * Float32(suh[col + e]) * keep for e in range(4)]
-        v = hadamard128_lane(v, lane)
-        for e in cutlass.range_constexpr(4):
-            h16 = Float16(v[e] * Float32(SCALE))
-            if cutlass.const_expr(cfg.layout == "rows"):
-                out[row * cfg.width + col + e] = h16
-            else:
-                G, kt, i, ln = b_fragment_slot(row, col + e)
-                word = b_fragment_word(G, kt, i, ln, cfg.width // 16)
-                out[2 * word] = h16
-                out[2 * word + 1] = Float16(0.0)
+_ROW_SCALE_ASM = f"""{{
+.reg .b32 t;
+    mov.b32 t, $1;
+    add.u32 t, t, 0x7FFFFF;
+    and.b32 t, t, 0x7F800000;
+    sub.s32 t, t, {ROW_LIMIT_LOG2 << 23};
+    max.s32 t, t, 0x3F800000;
+    mov.b32 $0, t;
+}}"""  # smallest power of two >= amax / 2^ROW_LIMIT_LOG2, at least 1 (trellis_gemm.row_scale)
+
+
+@dsl_user_op
+def row_scale(amax, *, loc=None, ip=None) -> Float32:
+    """s = the smallest power of two >= amax / 2^ROW_LIMIT_LOG2, at least 1 (amax >= 0; inf ->
+    2^116)."""
+    res = llvm.inline_asm(T.f32(), [Float32(amax).ir_value(loc=loc, ip=ip)], _ROW_SCALE_ASM,
+                          "=f,f", has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Float32(res)
+
+
+@dsl_user_op
+def power_of_two_inverse(s, *, loc=None, ip=None) -> Float32:
+    """1 / s for a power of two s in [1, 2^126], exactly (exponent arithmetic)."""
+    res = llvm.inline_asm(T.f32(), [Float32(s).ir_value(loc=loc, ip=ip)],
+                          "{\n.reg .b32 t, c;\n    mov.b32 c, 0x7F000000;\n    mov.b32 t, $1;\n"
+                          "    sub.s32 t, c, t;\n    mov.b32 $0, t;\n}", "=f,f", has_side_effects=False,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Float32(res)
+
+
+def _block_inputs(x, suhs, src, blk, lane, cfg):
+    """(first column, this lane's 4 fp32 values x * suh) of 128-block ``blk`` of the row at
+    ``src`` (member blk // (x_width / 128); the member's suh chosen by select, every member's
+    index being in bounds). Plain Python inlined at trace time."""
+    col = blk * 128 + 4 * lane
+    member = blk // (cfg.x_width // 128)
+    xcol = col - member * cfg.x_width
+    suh4 = [Float32(suhs[0][xcol + e]) for e in range(4)]
+    for h in range(1, cfg.inputs):
+        suh4 = [cutlass.select_(member == h, Float32(suhs[h][xcol + e]), suh4[e])
+                for e in range(4)]
+    return col, [Float32(x[src + xcol + e]) * suh4[e] for e in range(4)]
+
+
+def _rotate_store(v, factor, row, col, lane, out, cfg):
+    """Scale, H128 across the warp and the fp16 stores of one 128-block (layout contract).
+    Plain Python inlined at trace time."""
+    v = hadamard128_lane([v[e] * factor for e in range(4)], lane)
+    for e in range(4):
+        h16 = Float16(v[e] * Float32(SCALE))
+        if cfg.layout == "rows":
+            out[row * cfg.width + col + e] = h16
+        else:
+            G, kt, q, ln = b_fragment_slot(row, col + e)
+            word = b_fragment_word(G, kt, q, ln, cfg.width // 16)
+            out[2 * word] = h16
+            out[2 * word + 1] = Float16(0.0)
 
 
 @cute.kernel
-def _hadamard_out_kernel(part: cute.Tensor, svh: cute.Tensor, bias: cute.Tensor, y: cute.Tensor,
+def _hadamard_in_kernel(x: cute.Tensor, suh0: cute.Tensor, suh1: cute.Tensor, suh2: cute.Tensor,
+                        out: cute.Tensor, scale: cute.Tensor, cfg: cutlass.Constexpr):
+    suhs = [suh0, suh1, suh2][:cfg.inputs]
+    tid, lane, warp, (bx, _, _) = cta_thread_ids()
+    row = bx // cfg.row_ctas
+    chunk = bx % cfg.row_ctas
+    # Padding rows read row valid-1 and are zeroed by a factor: no divergent branch around
+    # the warp shuffles, and x needs no padded copy.
+    src = cutlass.min(row, cfg.valid - 1) * cfg.x_width
+    keep = cutlass.select_(row < cfg.valid, Float32(1.0), Float32(0.0))
+
+    # Every load is issued before the first is used: each dependent round trip to memory costs
+    # ~0.7 us here (suh comes from HBM), which is what made a first version of this kernel
+    # 5-7 us long (measured). One block per warp (decode): its own inputs first, at a clamped
+    # block index (in bounds; stored only when real).
+    blk1 = chunk * WARPS + warp
+    if cutlass.const_expr(cfg.per_warp == 1):
+        col1, v1 = _block_inputs(x, suhs, src, cutlass.min(blk1, cfg.row_blocks - 1), lane, cfg)
+
+    # The row's max|x * suh_g| over every member (a clamped index re-reads the last element,
+    # which leaves the max unchanged), then the CTA's max through shared memory. Padding rows
+    # (7 of 8 at m = 1) skip it: their scale is 1 and their output zeros.
+    amax = Float32(0.0)
+    if row < cfg.valid:
+        for j0 in cutlass.range_constexpr(0, cfg.max_steps, cfg.load_batch):
+            cols = [cutlass.min(tid + j * THREADS, cfg.x_width - 1)
+                    for j in range(j0, min(j0 + cfg.load_batch, cfg.max_steps))]
+            x_batch = [Float32(x[src + c]) for c in cols]
+            suh_batch = [[Float32(sg[c]) for c in cols] for sg in suhs]
+            for gm in cutlass.range_constexpr(cfg.inputs):
+                for j in cutlass.range_constexpr(len(cols)):
+                    p = x_batch[j] * suh_batch[gm][j]
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(p, -p))
+    for b in cutlass.range_constexpr(5):
+        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << b))
+    smem = cutlass.utils.SmemAllocator()
+    red = smem.allocate_tensor(Float32, cute.make_layout(WARPS), 16)
+    if lane == 0:
+        red[warp] = amax
+    cute.arch.sync_threads()
+    for w in cutlass.range_constexpr(WARPS):
+        amax = cute.arch.fmax(amax, red[w])
+    s = cutlass.select_(row < cfg.valid, row_scale(amax), Float32(1.0))
+    if tid + chunk == 0:                  # one writer per row
+        scale[row] = s
+    factor = keep * power_of_two_inverse(s)
+
+    if cutlass.const_expr(cfg.per_warp == 1):
+        if blk1 < cfg.row_blocks:
+            _rotate_store(v1, factor, row, col1, lane, out, cfg)
+    else:
+        for i in cutlass.range_constexpr(cfg.per_warp):
+            blk = (chunk * cfg.per_warp + i) * WARPS + warp       # 128-block within the row
+            if blk < cfg.row_blocks:
+                col, v = _block_inputs(x, suhs, src, blk, lane, cfg)
+                _rotate_store(v, factor, row, col, lane, out, cfg)
+
+
+@cute.kernel
+def _hadamard_out_kernel(part: cute.Tensor, svh0: cute.Tensor, svh1: cute.Tensor,
+                         svh2: cute.Tensor, bias0: cute.Tensor, bias1: cute.Tensor,
+                         bias2: cute.Tensor, scale: cute.Tensor, y: cute.Tensor,
                          cfg: cutlass.Constexpr):
+    svhs, biases = [svh0, svh1, svh2], [bias0, bias1, bias2]
     lane, blk = warp_task(WARPS)
     if blk < cfg.blocks:
         row, col = block_row_col(blk, cfg.width, lane)
@@ -109,20 +285,41 @@ def _hadamard_out_kernel(part: cute.Tensor, svh: cute.Tensor, bias: cute.Tensor,
             base = (s * cfg.part_rows + row) * cfg.width + col
             v = [v[e] + part[base + e] for e in range(4)]
         v = hadamard128_lane(v, lane)
+        # svh and bias of the member owning these columns: each member's value at a clamped
+        # (in-bounds) index, the owner's kept by select (no block straddles two members).
+        n0 = cfg.out_members[0]
+        gcol = cutlass.min(col, n0 - 4)
+        sv = [Float32(svhs[0][gcol + e]) for e in range(4)]
+        bv = [Float32(0.0)] * 4
+        if cutlass.const_expr(cfg.has_bias(0)):
+            bv = [Float32(biases[0][gcol + e]) for e in range(4)]
+        for g in cutlass.range_constexpr(1, len(cfg.out_members)):
+            own = col >= cfg.member_starts[g]
+            gcol = cutlass.min(cutlass.max(col - cfg.member_starts[g], 0),
+                               cfg.out_members[g] - 4)
+            sv = [cutlass.select_(own, Float32(svhs[g][gcol + e]), sv[e]) for e in range(4)]
+            if cutlass.const_expr(cfg.has_bias(g)):
+                bv = [cutlass.select_(own, Float32(biases[g][gcol + e]), bv[e])
+                      for e in range(4)]
+            else:
+                bv = [cutlass.select_(own, Float32(0.0), bv[e]) for e in range(4)]
+        rs = scale[row]
         for e in cutlass.range_constexpr(4):
-            y[row * cfg.width + col + e] = (v[e] * Float32(SCALE) * Float32(svh[col + e])
-                                            + Float32(bias[col + e]))
+            y[row * cfg.width + col + e] = v[e] * Float32(SCALE) * sv[e] * rs + bv[e]
 
 
 @cute.jit
-def launch_hadamard_in(stream, x: cute.Tensor, suh: cute.Tensor, out: cute.Tensor,
+def launch_hadamard_in(stream, x: cute.Tensor, suh0: cute.Tensor, suh1: cute.Tensor,
+                       suh2: cute.Tensor, out: cute.Tensor, scale: cute.Tensor,
                        cfg: cutlass.Constexpr):
-    _hadamard_in_kernel(x, suh, out, cfg).launch(grid=cfg.grid, block=(32 * WARPS, 1, 1),
-                                                 stream=stream)
+    _hadamard_in_kernel(x, suh0, suh1, suh2, out, scale, cfg).launch(
+        grid=cfg.in_grid, block=(THREADS, 1, 1), stream=stream)
 
 
 @cute.jit
-def launch_hadamard_out(stream, part: cute.Tensor, svh: cute.Tensor, bias: cute.Tensor,
-                        y: cute.Tensor, cfg: cutlass.Constexpr):
-    _hadamard_out_kernel(part, svh, bias, y, cfg).launch(grid=cfg.grid, block=(32 * WARPS, 1, 1),
-                                                         stream=stream)
+def launch_hadamard_out(stream, part: cute.Tensor, svh0: cute.Tensor, svh1: cute.Tensor,
+                        svh2: cute.Tensor, bias0: cute.Tensor, bias1: cute.Tensor,
+                        bias2: cute.Tensor, scale: cute.Tensor, y: cute.Tensor,
+                        cfg: cutlass.Constexpr):
+    _hadamard_out_kernel(part, svh0, svh1, svh2, bias0, bias1, bias2, scale, y, cfg).launch(
+        grid=cfg.grid, block=(THREADS, 1, 1), stream=stream)

@@ -101,15 +101,36 @@ def trellis_words(trellis) -> jax.Array:
     return lax.bitcast_convert_type(t, jnp.uint32).reshape(-1)
 
 
+ROW_LIMIT_LOG2 = 12     # the fp16 boundary: max|x * suh| / s <= 2^12 per row (hadamard.py)
+
+
+def row_scale(x, suh):
+    """float32 [m, 1]: each row's power-of-two scale at the fp16 boundary (hadamard.py), the
+    smallest s = 2^j >= max|x * suh| / 2^ROW_LIMIT_LOG2 with s >= 1, by exponent arithmetic as
+    in the kernel. x [m, k]; suh [k], or a group's G members' suh (a sequence, or their
+    concatenation [G * k]): the max over the G copies x * suh_g."""
+    if isinstance(suh, (list, tuple)):
+        suh = jnp.concatenate([jnp.asarray(v, jnp.float32) for v in suh])
+    xf = jnp.asarray(x, jnp.float32)
+    xs = jnp.tile(xf, (1, suh.shape[0] // xf.shape[1])) * jnp.asarray(suh, jnp.float32)
+    amax = jnp.max(jnp.abs(xs), axis=1, keepdims=True)
+    bits = lax.bitcast_convert_type(amax, jnp.int32)
+    bits = ((bits + 0x7FFFFF) & 0x7F800000) - (ROW_LIMIT_LOG2 << 23)
+    return lax.bitcast_convert_type(jnp.maximum(bits, 0x3F800000), jnp.float32)
+
+
 def input_transform(x, suh):
-    """xh = fp16(had128(x * suh)) [m, k]."""
-    xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32)
-    return hadamard128(xs).astype(jnp.float16)
+    """(xh = fp16(had128(x * suh) / s) [m, k], s = row_scale float32 [m, 1])."""
+    s = row_scale(x, suh)
+    xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32) / s
+    return hadamard128(xs).astype(jnp.float16), s
 
 
-def output_transform(y, svh, bias=None):
-    """had128(y') * svh (+ bias), fp32."""
+def output_transform(y, svh, bias=None, scale=None):
+    """had128(y') * svh (* scale) (+ bias), fp32; scale: the row_scale of the input transform."""
     y = hadamard128(y) * jnp.asarray(svh, jnp.float32)
+    if scale is not None:
+        y = y * scale
     return y if bias is None else y + jnp.asarray(bias, jnp.float32)
 
 
@@ -201,31 +222,48 @@ def mma_partials(xh, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
     return out.reshape(cfg.splits, cfg.m_pad, cfg.n)
 
 
-def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
-    """Input transform kernel: x [m, k] -> flat fp16 had128(x * suh) with zero rows beyond m,
-    [m_pad * k] row-major (layout "rows"), or [2 * m_pad * k] in the decode kernel's
-    split-pair B-fragment order (layout "fragments", see b_fragment_words).
+def _as_members(v) -> list:
+    """One array (a single linear) or a sequence of the members' arrays -> list."""
+    return list(v) if isinstance(v, (list, tuple)) else [v]
 
-    A linear group passes the concatenation of its G members' suh (G * k): the result is then
-    that of the row [x, ..., x] (G * k wide), each copy rotated with its own suh."""
+
+def _member_args(arrays, dtype=jnp.float16) -> list:
+    """The MAX_MEMBERS kernel pointers: the members' arrays, unused slots repeat the last."""
+    from .hadamard import MAX_MEMBERS
+    out = [jnp.asarray(a, dtype) for a in arrays]
+    return out + [out[-1]] * (MAX_MEMBERS - len(out))
+
+
+def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
+    """Input transform kernel: x [m, k] -> (flat fp16 had128(x * suh) / s with zero rows beyond
+    m, [m_pad * k] row-major (layout "rows"), or [2 * m_pad * k] in the decode kernel's
+    split-pair B-fragment order (layout "fragments", see b_fragment_words); s float32 [m_pad],
+    the rows' fp16-boundary scales (row_scale; 1 beyond m)).
+
+    suh: f16 [k], or a linear group's G members' suh (a sequence of G [k] vectors): the result
+    is then that of the row [x, ..., x] (G * k wide), copy g rotated with suh[g]."""
     from cutlass.jax import cutlass_call
 
     from .hadamard import HadamardConfig, launch_hadamard_in
 
+    suhs = _as_members(suh)
     m, k = x.shape
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         x = x.astype(jnp.float32)
-    inputs = suh.shape[0] // k
-    cfg = HadamardConfig(rows=m_pad, valid=m, width=k * inputs, layout=layout, inputs=inputs)
+    cfg = HadamardConfig.input(m_pad, m, k * len(suhs), layout=layout, inputs=len(suhs))
     return cutlass_call(launch_hadamard_in, cfg=cfg, compile_options=_cute_options(),
-                        output_shape_dtype=jax.ShapeDtypeStruct((cfg.out_size,), jnp.float16))(
-        x.reshape(-1), jnp.asarray(suh, jnp.float16))
+                        output_shape_dtype=(
+                            jax.ShapeDtypeStruct((cfg.out_size,), jnp.float16),
+                            jax.ShapeDtypeStruct((m_pad,), jnp.float32)))(
+        x.reshape(-1), *_member_args(suhs))
 
 
 def decode_input_words(x, suh, cfg):
-    """The decode plan's input transform: x [m, k] -> the MMA kernel's activation words for
-    ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), one launch."""
-    return f16_words(hadamard_in(x, suh, cfg.m_pad, cfg.x_layout))
+    """The decode plan's input transform: x [m, k] -> (the MMA kernel's activation words for
+    ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), row scales float32
+    [m_pad]), one launch."""
+    xh, scale = hadamard_in(x, suh, cfg.m_pad, cfg.x_layout)
+    return f16_words(xh), scale
 
 
 def _group_config(weights, plan: TrellisPlan):
@@ -258,18 +296,28 @@ def mma_group_partials_words(xw, weights, plan: TrellisPlan, out_init=None):
                         compile_options=_cute_options())(xw, *tws, out_init)
 
 
-def hadamard_out(part, svh, bias, *, m: int, m_pad: int, splits: int, n: int):
-    """Output transform kernel: flat fp32 partials [splits * m_pad * n] -> y fp32 [m, n]."""
+def hadamard_out(part, svh, bias, scale, *, m: int, m_pad: int, splits: int, n: int):
+    """Output transform kernel: flat fp32 partials [splits * m_pad * n] and the input
+    transform's row scales (float32 [m_pad], or None for 1) -> y fp32 [m, n].
+
+    svh / bias: f16 [n] and f16 [n] or None for one linear; for a linear group, sequences of
+    the members' svh [n_g] and bias [n_g] or None (sum n_g = n)."""
     from cutlass.jax import cutlass_call
 
     from .hadamard import HadamardConfig, launch_hadamard_out
 
-    cfg = HadamardConfig(rows=m, valid=m, width=n, splits=splits, part_rows=m_pad)
-    if bias is None:
-        bias = jnp.zeros((n,), jnp.float16)
+    svhs = _as_members(svh)
+    biases = _as_members(bias) if isinstance(bias, (list, tuple)) else [bias] * len(svhs)
+    cfg = HadamardConfig(rows=m, valid=m, width=n, splits=splits, part_rows=m_pad,
+                         members=tuple(int(v.shape[0]) for v in svhs),
+                         biased=tuple(b is not None for b in biases))
+    if scale is None:
+        scale = jnp.ones((m_pad,), jnp.float32)
     y = cutlass_call(launch_hadamard_out, cfg=cfg, compile_options=_cute_options(),
                      output_shape_dtype=jax.ShapeDtypeStruct((m * n,), jnp.float32))(
-        part, jnp.asarray(svh, jnp.float16), jnp.asarray(bias, jnp.float16))
+        part, *_member_args(svhs),
+        *_member_args([b if b is not None else v for b, v in zip(biases, svhs)]),
+        jnp.asarray(scale, jnp.float32).reshape(-1))
     return y.reshape(m, n)
 
 
@@ -351,19 +399,20 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
             () if weight.bias is None else (weight.bias,))
         return exported.call(*args).reshape(*lead, weight.n)
     if mode == "xla":
-        y = rotated_matmul(input_transform(x2, weight.suh), weight, plan)
-        y = output_transform(y, weight.svh, weight.bias)
+        xh, scale = input_transform(x2, weight.suh)
+        y = output_transform(rotated_matmul(xh, weight, plan), weight.svh, weight.bias, scale)
     elif plan.kind == "decode":
         cfg = _mma_config(weight, plan)
-        part = mma_partials_words(decode_input_words(x2, weight.suh, cfg), weight, plan)
-        y = hadamard_out(part, weight.svh, weight.bias, m=m, m_pad=cfg.m_pad,
+        xw, scale = decode_input_words(x2, weight.suh, cfg)
+        part = mma_partials_words(xw, weight, plan)
+        y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
                          splits=cfg.splits, n=weight.n)
     else:
-        xh = hadamard_in(x2, weight.suh, m).reshape(m, weight.k)
-        yp = lax.dot_general(xh, dequantize_transposed(weight, plan), (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
-        y = hadamard_out(yp.reshape(-1), weight.svh, weight.bias, m=m, m_pad=m, splits=1,
-                         n=weight.n)
+        xh, scale = hadamard_in(x2, weight.suh, m)
+        yp = lax.dot_general(xh.reshape(m, weight.k), dequantize_transposed(weight, plan),
+                             (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        y = hadamard_out(yp.reshape(-1), weight.svh, weight.bias, scale, m=m, m_pad=m,
+                         splits=1, n=weight.n)
     return y.reshape(*lead, weight.n)
 
 
@@ -392,16 +441,11 @@ def trellis_matmul_group(x2, weights, plan: TrellisPlan, *, poison: bool = False
     [m, k] @ [k, sum(n_i)]. poison: the decode kernel writes into a NaN-filled buffer."""
     m = x2.shape[0]
     cfg = _group_config(weights, plan)
-    suh = jnp.concatenate([jnp.asarray(w.suh, jnp.float16) for w in weights])
-    svh = jnp.concatenate([jnp.asarray(w.svh, jnp.float16) for w in weights])
-    bias = None
-    if any(w.bias is not None for w in weights):
-        bias = jnp.concatenate([jnp.zeros((w.n,), jnp.float16) if w.bias is None
-                                else jnp.asarray(w.bias, jnp.float16) for w in weights])
-    xw = f16_words(hadamard_in(x2, suh, cfg.m_pad, cfg.x_layout))
+    xh, scale = hadamard_in(x2, [w.suh for w in weights], cfg.m_pad, cfg.x_layout)
     init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison else None
-    part = mma_group_partials_words(xw, weights, plan, out_init=init)
-    return hadamard_out(part, svh, bias, m=m, m_pad=cfg.m_pad, splits=cfg.splits, n=cfg.n)
+    part = mma_group_partials_words(f16_words(xh), weights, plan, out_init=init)
+    return hadamard_out(part, [w.svh for w in weights], [w.bias for w in weights], scale,
+                        m=m, m_pad=cfg.m_pad, splits=cfg.splits, n=cfg.n)
 
 
 def trellis_matmul_group_gpu(x, weights):
@@ -427,5 +471,5 @@ __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decod
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
-           "output_transform", "plan_for", "rotated_matmul", "supports", "trellis_matmul_gpu",
+           "output_transform", "plan_for", "rotated_matmul", "row_scale", "supports", "trellis_matmul_gpu",
            "trellis_words"]

@@ -393,15 +393,19 @@ def pack_for(ids, num_experts: int, plan: MoePlan) -> PackedRoutes:
 
 
 def _rotate_in(xs, rows_total: int):
-    """fp32 [rows_total, d] (already * suh) -> fp16 words of had128 (Hadamard kernel)."""
+    """fp32 [rows_total, d] (already * suh) -> (fp16 words of had128(xs) / s, row scales s
+    float32 [rows_total]) (Hadamard kernel, hadamard.py's fp16 boundary)."""
     ones = jnp.ones((xs.shape[1],), jnp.float16)
-    return tg.f16_words(tg.hadamard_in(xs, ones, rows_total))
+    xh, scale = tg.hadamard_in(xs, ones, rows_total)
+    return tg.f16_words(xh), scale
 
 
-def _rotate_out(part, rows_total: int, splits: int, n: int):
-    """Flat fp32 K-split partials -> fp32 [rows_total, n] = had128(sum of splits)."""
+def _rotate_out(part, scale, rows_total: int, splits: int, n: int):
+    """Flat fp32 K-split partials and the input's row scales -> fp32 [rows_total, n] =
+    had128(sum of splits) * s."""
     ones = jnp.ones((n,), jnp.float16)
-    return tg.hadamard_out(part, ones, None, m=rows_total, m_pad=rows_total, splits=splits, n=n)
+    return tg.hadamard_out(part, ones, None, scale, m=rows_total, m_pad=rows_total,
+                           splits=splits, n=n)
 
 
 def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
@@ -456,8 +460,9 @@ def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
     xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)                  # [rows, H]
     suh = jnp.stack([gather_expert_rows(w13.suh[p], pr.row_expert) for p in range(2)])
     xs = (xr[None] * suh.astype(jnp.float32)).reshape(2 * rows, H)              # [2*rows, H]
-    part1 = grouped_partials(_rotate_in(xs, 2 * rows), w13, pr.block_expert, cfg1, init1)
-    y1 = _rotate_out(part1, 2 * rows, cfg1.splits, I).reshape(2, rows, I)
+    xw, scale1 = _rotate_in(xs, 2 * rows)
+    part1 = grouped_partials(xw, w13, pr.block_expert, cfg1, init1)
+    y1 = _rotate_out(part1, scale1, 2 * rows, cfg1.splits, I).reshape(2, rows, I)
     svh = jnp.stack([gather_expert_rows(w13.svh[p], pr.row_expert) for p in range(2)])
     y1 = y1 * svh.astype(jnp.float32)                                             # [2, rows, I]
     if w13.bias is not None:
@@ -472,8 +477,9 @@ def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
 
     # FC2.
     xs2 = h * gather_expert_rows(down.suh, pr.row_expert).astype(jnp.float32)
-    part2 = grouped_partials(_rotate_in(xs2, rows), down, pr.block_expert, cfg2, init2)
-    y2 = _rotate_out(part2, rows, cfg2.splits, down.n)
+    xw2, scale2 = _rotate_in(xs2, rows)
+    part2 = grouped_partials(xw2, down, pr.block_expert, cfg2, init2)
+    y2 = _rotate_out(part2, scale2, rows, cfg2.splits, down.n)
     y2 = y2 * gather_expert_rows(down.svh, pr.row_expert).astype(jnp.float32)    # [rows, H]
     if down.bias is not None:
         y2 = y2 + gather_expert_rows(down.bias, pr.row_expert).astype(jnp.float32)

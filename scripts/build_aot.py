@@ -2,7 +2,7 @@
 
   python scripts/build_aot.py --out .aot/run [--arch sm_90a,sm_120a]
       [--linears 4096x14336:3:mcg,8192x28672:4:mul1] [--m 1,4,16,32,128,1024]
-      [--x-dtype float16] [--bias] [--sms 132]
+      [--x-dtype bfloat16] [--bias] [--sms 132]
 
 For each arch, linear (k x n : K : codebook) and token count m it writes
 ``trellis_<k>x<n>_K<K>_<cb>_m<m>_<dtype>[_bias]_<arch>.jaxexport``: the serialized jax.export of
@@ -11,8 +11,8 @@ platforms=["cuda"] with the CuTe kernels' object code embedded, and adds its row
 linear_key, plan, sizes) to ``manifest.json`` (rows of other keys or arches already there are
 kept). The plan is the one the device will pick (select_plan for --sms SMs; 132 = H200), and is
 part of the key, so an artifact is only used where it matches. Activations reach the kernels as
-float16 from Exl3Linear in a bf16 model (nn.numerics.fp16_operand) and as bfloat16 from
-`exl3-jax bench linear`. One child process per arch: CuTe DSL reads CUTE_DSL_ARCH once per process
+bfloat16 from Exl3Linear in a bf16 model and from `exl3-jax bench linear` (the Hadamard kernels
+scale rows at the fp16 boundary themselves). One child process per arch: CuTe DSL reads CUTE_DSL_ARCH once per process
 (and builds sm_100a when it is unset on a machine without a GPU).
 
 Use on the GPU (only jax and libcute_dsl_runtime.so needed, no CuTe compiler):
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("--arch", default="sm_90a,sm_120a")
     p.add_argument("--linears", default="4096x14336:3:mcg,4096x14336:4:mul1")
     p.add_argument("--m", default="1,4,16,32,128,1024")
-    p.add_argument("--x-dtype", default="float16", choices=("float16", "bfloat16", "float32"),
-                   help="activation dtype at the kernel (float16 from Exl3Linear in a bf16 model)")
+    p.add_argument("--x-dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"),
+                   help="activation dtype at the kernel (bfloat16 from Exl3Linear in a bf16 model)")
     p.add_argument("--bias", action="store_true", help="export with a bias operand")
     p.add_argument("--sms", type=int, default=132, help="SM count the plans are chosen for")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

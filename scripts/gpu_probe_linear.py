@@ -30,7 +30,7 @@ def run_kernel(a) -> int:
     plan = select_plan(a.m, a.k, a.n)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((a.m, a.k)), jnp.bfloat16)
     cfg = tg._mma_config(w, plan)
-    xw = tg.decode_input_words(x, w.suh, cfg)
+    xw, _ = tg.decode_input_words(x, w.suh, cfg)
     kernel = jax.jit(lambda xw, w: tg.mma_partials_words(xw, w, plan))
     for _ in range(a.calls):
         out = kernel(xw, w)

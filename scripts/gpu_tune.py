@@ -50,10 +50,10 @@ def decode_rows(k, n, cb, K, m, deadline):
     row["full_xla"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w, transforms="xla"), (x, w),
                          m, k, n)
     cfg = tg._mma_config(w, base)
-    xw = tg.decode_input_words(x, w.suh, cfg)
-    row["had_in"] = us(lambda x, s: tg.decode_input_words(x, s, cfg), (x, w.suh), m, k, n)
+    xw, _ = tg.decode_input_words(x, w.suh, cfg)
+    row["had_in"] = us(lambda x, s: tg.decode_input_words(x, s, cfg)[0], (x, w.suh), m, k, n)
     part = jnp.zeros((cfg.splits * cfg.m_pad * n,), jnp.float32)
-    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, m=m, m_pad=cfg.m_pad,
+    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, None, m=m, m_pad=cfg.m_pad,
                                                      splits=cfg.splits, n=n),
                         (part, w.svh), m, k, n)
     variants = {"base": base}
@@ -88,8 +88,9 @@ def prefill_rows(k, n, cb, K, m):
     row["dot_f16_nt_f32"] = us(lambda a, b: jax.lax.dot_general(
         a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32), (xh, wt), m, k, n)
     row["dot_bf16"] = us(lambda a, b: jnp.dot(a, b), (x, wb), m, k, n)
-    row["had_in"] = us(lambda x, s: tg.hadamard_in(x, s, m), (x, w.suh), m, k, n)
-    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, m=m, m_pad=m, splits=1, n=n),
+    row["had_in"] = us(lambda x, s: tg.hadamard_in(x, s, m)[0], (x, w.suh), m, k, n)
+    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, None, m=m, m_pad=m, splits=1,
+                                                     n=n),
                         (jnp.zeros((m * n,), jnp.float32), w.svh), m, k, n)
     row["dequant"] = {}
     for warps, kt in ((8, 4), (8, 2), (8, 1), (4, 8), (8, 8)):

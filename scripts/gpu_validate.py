@@ -16,6 +16,11 @@ Sections (each recorded even if another fails):
     each kernel) vs each member's fp32 reference, NaN-poisoned partials and the production
     dispatch (ops.trellis_matmul_group), m in {1, 3, 16, 32}.
   dispatch: exl3_jax.ops.trellis_matmul on the GPU backend vs the reference backend.
+  row_scale: the fp16 boundary inside the Hadamard kernels (ffi/hadamard.py): rows whose rotated
+    operand would overflow fp16 (a row aligned with a Hadamard row; a bf16 row of ~1e6) plus an
+    ordinary row, bf16, through a decode linear, a prefill linear and a group, vs float64 NumPy
+    (finite, per-row relative L2 <= 2e-3); and the input kernel's scales bitwise equal to
+    trellis_gemm.row_scale.
   bench: a timing table vs a bf16 jnp.dot in a jitted loop (exl3_jax.ffi.bench).
 """
 
@@ -62,8 +67,9 @@ def log(*a):
 
 
 def poisoned_forward(x, w, plan):
-    xh = tg.input_transform(x, w.suh)
-    return tg.output_transform(tg.rotated_matmul(xh, w, plan, poison=True), w.svh, w.bias)
+    xh, scale = tg.input_transform(x, w.suh)
+    return tg.output_transform(tg.rotated_matmul(xh, w, plan, poison=True), w.svh, w.bias,
+                               scale)
 
 
 def check_decode_exact(cb, K, k, n):
@@ -201,6 +207,50 @@ def check_dispatch(k=1024, n=512):
     return out
 
 
+def check_row_scale(k=1024, n=512):
+    """The fp16 boundary of the Hadamard kernels on rows that need it (module docstring)."""
+    from exl3_jax.ops import trellis_matmul_group
+    from exl3_jax.trellis import dequantize
+    rng = np.random.default_rng(41)
+    ws = []
+    for i, nn in enumerate((n, n // 4)):
+        w = gb.random_weight(k, nn, 4, "mcg", seed=51 + i)
+        bias = jnp.asarray(rng.standard_normal(nn) * 0.1, jnp.float16)
+        ws.append(type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features,
+                          w.out_features))
+    suh0 = np.asarray(ws[0].suh, np.float64)
+    x = rng.standard_normal((3, k))
+    x[1] = 6000.0 / suh0            # x * suh = 6000: H128 gathers 67882 into one element
+    x[2] *= 1e6                     # beyond fp16 altogether
+    xb = jax.device_put(x.astype(jnp.bfloat16))
+    x64 = np.asarray(xb, np.float64)
+    dense = [np.asarray(dequantize(w.trellis, w.suh, w.svh, w.codebook), np.float64) for w in ws]
+    refs = [x64 @ d + np.asarray(w.bias, np.float64) for d, w in zip(dense, ws)]
+
+    @jax.jit
+    def run(xb, ws):
+        return {"decode": [tg.trellis_matmul_gpu(xb, ws[0], plan="decode")],
+                "prefill": [tg.trellis_matmul_gpu(xb, ws[0], plan="prefill")],
+                "group": trellis_matmul_group(xb, ws, backend="gpu"),
+                "scales": tg.hadamard_in(xb, ws[0].suh, 8, "fragments")[1][:3],
+                "want_scales": tg.row_scale(xb, ws[0].suh)[:, 0]}
+
+    out = run(xb, ws)
+    rows = []
+    for path in ("decode", "prefill", "group"):
+        for i, y in enumerate(out[path]):
+            y = np.asarray(y, np.float64)
+            rel = [float(np.linalg.norm(y[r] - refs[i][r]) / np.linalg.norm(refs[i][r]))
+                   for r in range(3)]
+            fin = bool(np.all(np.isfinite(y)))
+            rows.append(dict(path=path, member=i, rel_l2_rows=rel, finite=fin,
+                             ok=fin and max(rel) <= 2e-3))
+    got, want = np.asarray(out["scales"]), np.asarray(out["want_scales"])
+    rows.append(dict(path="scales", got=got.tolist(), want=want.tolist(),
+                     ok=bool(np.array_equal(got, want) and got[0] == 1 and got[1] > 1)))
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -280,6 +330,7 @@ def run_validation(args) -> dict:
         section("group", group)
     section("gemm", gemm)
     section("dispatch", check_dispatch)
+    section("row_scale", check_row_scale)
     if not args.no_bench:
         bench_deadline = t_start + args.budget_s + args.bench_s
         section("bench", lambda: gb.bench(
@@ -309,8 +360,8 @@ def summarize(report):
         elif name == "group":
             ok = [r for r in res if r.get("ok")]
             log(f"SUMMARY group: {len(ok)}/{len(res)} cases rel_l2<=1e-3 and no NaN")
-        elif name == "dispatch":
-            log(f"SUMMARY dispatch: {res}")
+        elif name in ("dispatch", "row_scale"):
+            log(f"SUMMARY {name}: {res}")
         elif name == "bench":
             log(f"SUMMARY bench: {len(res)} rows")
 
@@ -329,11 +380,14 @@ def run_memcheck(kind: str) -> int:
     if kind == "group":     # the group kernel alone in the jitted program, references eagerly
         k, members, m = 1024, (512, 256, 256), 5
         ws = [gb.random_weight(k, n, 3, "mcg", seed=i) for i, n in enumerate(members)]
+        bias0 = jnp.asarray(np.random.default_rng(7).standard_normal(members[0]), jnp.float16)
+        ws[0] = type(ws[0])(ws[0].trellis, ws[0].suh, ws[0].svh, bias0, "mcg", 3, k, members[0])
         plan = select_plan(m, k, sum(members), force="decode")
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
         y = np.asarray(jax.jit(lambda x, ws: tg.trellis_matmul_group(x, ws, plan))(x, ws))
         ref = np.concatenate([np.asarray(linear_reference(x, w.trellis, w.suh, w.svh,
-                                                          w.codebook)) for w in ws], axis=1)
+                                                          w.codebook, w.bias)) for w in ws],
+                             axis=1)
         rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
         log(f"memcheck run group: m={m} members={members} plan={plan} rel_l2={rel:.3g} "
             f"finite={np.isfinite(y).all()}")

@@ -191,6 +191,25 @@ def test_hadamard_input_layout_is_checked():
         HadamardConfig(rows=16, valid=3, width=256, layout="b_packed")
 
 
+def test_hadamard_configs_split_rows_and_name_members():
+    from exl3_jax.ffi.hadamard import WARPS, HadamardConfig
+    dec = HadamardConfig.input(8, 1, 3 * 4096, layout="fragments", inputs=3)
+    assert dec.per_warp == 1 and dec.row_ctas == 96 // WARPS and dec.in_grid == (8 * 12, 1, 1)
+    assert dec.x_width == 4096 and dec.max_steps == 16
+    pre = HadamardConfig.input(64, 40, 14336)                  # prefill: one CTA per row
+    assert pre.row_ctas == 1 and pre.per_warp * WARPS >= 112 and pre.in_grid == (64, 1, 1)
+    out = HadamardConfig(rows=3, valid=3, width=640, members=(384, 128, 128),
+                         biased=(True, False, True))
+    assert out.member_starts == (0, 384, 512) and out.has_bias(2) and not out.has_bias(1)
+    assert HadamardConfig(rows=1, valid=1, width=256).out_members == (256,)
+    with pytest.raises(ValueError, match="summing to width"):
+        HadamardConfig(rows=1, valid=1, width=640, members=(384, 128))
+    with pytest.raises(ValueError, match="does not match members"):
+        HadamardConfig(rows=1, valid=1, width=640, members=(384, 256), biased=(True,))
+    with pytest.raises(ValueError, match="at most 3"):
+        HadamardConfig(rows=1, valid=1, width=512, inputs=4)
+
+
 # --- plumbing with emulated kernels --------------------------------------------------------
 
 
@@ -234,18 +253,27 @@ def emulated_kernels(monkeypatch):
         return decode_trellis(w.trellis, w.codebook).T
 
     def hadamard_in(x, suh, m_pad, layout="rows"):
+        if isinstance(suh, (list, tuple)):                              # a group's members
+            suh = jnp.concatenate(suh)
+        m = x.shape[0]
+        scale = tg.row_scale(x, suh)                                    # [m, 1]
         x = jnp.tile(jnp.asarray(x), (1, suh.shape[0] // x.shape[1]))   # a group: one copy each
-        xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32)
-        xs = jnp.pad(xs, ((0, m_pad - x.shape[0]), (0, 0)))
+        xs = jnp.asarray(x, jnp.float32) * jnp.asarray(suh, jnp.float32) / scale
+        xs = jnp.pad(xs, ((0, m_pad - m), (0, 0)))
         xh = hadamard128(xs).astype(jnp.float16)
+        scale = jnp.pad(scale[:, 0], (0, m_pad - m), constant_values=1.0)
         if layout == "rows":
-            return xh.reshape(-1)
+            return xh.reshape(-1), scale
         return jax.lax.bitcast_convert_type(tg.b_fragment_words(xh, m_pad), jnp.float16
-                                            ).reshape(-1)
+                                            ).reshape(-1), scale
 
-    def hadamard_out(part, svh, bias, *, m, m_pad, splits, n):
+    def hadamard_out(part, svh, bias, scale, *, m, m_pad, splits, n):
+        if isinstance(svh, (list, tuple)):                              # a group's members
+            bias = (None if all(b is None for b in bias) else jnp.concatenate(
+                [jnp.zeros(v.shape, jnp.float16) if b is None else b for b, v in zip(bias, svh)]))
+            svh = jnp.concatenate(svh)
         y = jnp.sum(part.reshape(splits, m_pad, n), axis=0)[:m]
-        return tg.output_transform(y, svh, bias)
+        return tg.output_transform(y, svh, bias, None if scale is None else scale[:m, None])
 
     monkeypatch.setattr(tg, "_cutlass_jax_ok", lambda: True)
     for name, fn in (("mma_partials_words", mma_partials_words), ("hadamard_in", hadamard_in),
@@ -269,6 +297,56 @@ def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms, codebook,
     rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
     assert rel < 1e-3                              # fp16 rounding of xh only
     assert emulated_kernels[-1][0] == kind
+
+
+def test_row_scale_is_the_smallest_power_of_two(rng):
+    # The fp16 boundary of the Hadamard kernels (ffi/hadamard.py): per row the smallest power of
+    # two s >= max|x * suh| / 4096 with s >= 1, the max over every member's copy for a group;
+    # exponent arithmetic vs float64 NumPy, including maxima exactly on and just past 4096 * 2^j.
+    k = 256
+    mags = np.concatenate([[0.0, 1e-30, 1.0, 4096.0, 4097.0, 8192.0, 8192.5, 1e38],
+                           10.0 ** rng.uniform(-3, 9, 24)])
+    x = rng.standard_normal((mags.size, k)).astype(np.float32)
+    suh = np.concatenate([rng.uniform(0.5, 2.0, k), rng.uniform(0.01, 0.5, k)]).astype(
+        np.float16)
+    amax_target = np.float32(mags)
+    # place each row's max at one element of the first copy: |x * suh| there equals the target
+    x = np.clip(x, -0.5, 0.5) * np.float32(1e-4)
+    col = rng.integers(0, k, mags.size)
+    col[:8] = 0                                   # suh 1 there: the boundary rows exactly
+    suh[0] = 1.0
+    x[np.arange(mags.size), col] = amax_target / suh[col].astype(np.float32)
+    got = np.asarray(tg.row_scale(x, suh))[:, 0]
+    prod = np.abs(np.tile(x.astype(np.float64), (1, 2)) * suh.astype(np.float64))
+    amax = np.max(prod.astype(np.float32), axis=1).astype(np.float64)
+    want = np.maximum(1.0, 2.0 ** np.ceil(np.log2(np.maximum(amax, 1e-300) / 4096.0)))
+    np.testing.assert_array_equal(got, want)
+    assert got[3] == 1 and got[4] == 2 and got[5] == 2 and got[6] == 4
+    assert np.all(amax / got <= 4096) and np.all((amax / got > 2048) | (got == 1))
+
+
+@pytest.mark.parametrize("m,kind", [(3, "decode"), (3, "prefill")])
+def test_gpu_path_keeps_overflowing_rows_finite(rng, emulated_kernels, m, kind):
+    # Rows whose rotated fp16 operand would overflow: x * suh constant (H128 gathers 11.3x of it
+    # into one element) and a bf16 row of ~1e6; the kernels' contract (row scale in, back out)
+    # keeps them finite and accurate, and leaves the ordinary row's operand unscaled.
+    from exl3_jax.trellis import dequantize, hadamard128
+    w = random_weight(rng, 256, 128, 4, "mcg", bias=True)
+    x = rng.standard_normal((m, 256))
+    x[1] = 6000.0 / np.asarray(w.suh, np.float64)
+    x[2] *= 1e6
+    xb = jnp.asarray(x, jnp.bfloat16)
+    y = np.asarray(tg.trellis_matmul_gpu(xb, w, plan=kind), np.float64)
+    dense = np.asarray(dequantize(w.trellis, w.suh, w.svh, w.codebook), np.float64)
+    want = np.asarray(xb, np.float64) @ dense + np.asarray(w.bias, np.float64)
+    assert np.all(np.isfinite(y))
+    for r in range(m):
+        assert np.linalg.norm(y[r] - want[r]) / np.linalg.norm(want[r]) < 2e-3, r
+    s = np.asarray(tg.row_scale(xb, w.suh))[:, 0]
+    assert s[0] == 1 and s[1] == 2 and s[2] >= 2 ** 6
+    unscaled = np.asarray(hadamard128(jnp.asarray(xb[1:2], jnp.float32) * w.suh.astype(
+        jnp.float32)))
+    assert np.max(np.abs(unscaled)) > 65504      # the case the scale is there for
 
 
 def test_gpu_path_leading_axes_and_dispatch(rng, emulated_kernels, monkeypatch):

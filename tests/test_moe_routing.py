@@ -228,11 +228,14 @@ def emulate_moe_kernels(patch):
         return out.reshape(-1)
 
     def hadamard_in(x, suh, m_pad):        # the kernels' contract via the jnp transforms
-        xh = tg.input_transform(x, suh)
-        return jnp.pad(xh, ((0, m_pad - x.shape[0]), (0, 0))).reshape(-1)
+        xh, scale = tg.input_transform(x, suh)
+        pad = m_pad - x.shape[0]
+        return (jnp.pad(xh, ((0, pad), (0, 0))).reshape(-1),
+                jnp.pad(scale[:, 0], (0, pad), constant_values=1.0))
 
-    def hadamard_out(part, svh, bias, *, m, m_pad, splits, n):
-        return tg.output_transform(part.reshape(splits, m_pad, n).sum(0)[:m], svh, bias)
+    def hadamard_out(part, svh, bias, scale, *, m, m_pad, splits, n):
+        return tg.output_transform(part.reshape(splits, m_pad, n).sum(0)[:m], svh, bias,
+                                   scale[:m, None])
 
     from exl3_jax.ops.moe_routing import gather_expert_rows, gather_rows
 

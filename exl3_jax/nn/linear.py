@@ -8,15 +8,12 @@ y = x @ W with W decoded once at load instead of every call.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from .. import ops
 from ..trellis import Exl3Weight, dequantize
-from .numerics import fp16_operand
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -56,9 +53,8 @@ def exl3_forward(x, weight: Exl3Weight, dense=None):
 
 
 def exl3_forward_group(x, weights):
-    """[x @ W_i (+ bias_i)] for EXL3 linears that read the same x (ops.trellis_matmul_group),
-    under the numerics policy: fp32 inputs go to the kernels as they are; other dtypes as an fp16
-    operand with a per-row power-of-two scale, undone before the bias.
+    """[x @ W_i (+ bias_i)] for EXL3 linears that read the same x (ops.trellis_matmul_group,
+    which applies the numerics policy at the fp16 boundary).
 
     Args:
       x: float [..., d], d <= every member's k; bf16 or fp32.
@@ -66,11 +62,7 @@ def exl3_forward_group(x, weights):
     Returns:
       list of float32 [..., out_features_i].
     """
-    if x.dtype == jnp.float32:
-        return ops.trellis_matmul_group(x, weights)
-    x16, scale = fp16_operand(x)
-    ys = ops.trellis_matmul_group(x16, [dataclasses.replace(w, bias=None) for w in weights])
-    return [_add_bias(y * scale, w) for y, w in zip(ys, weights)]
+    return ops.trellis_matmul_group(x, weights)
 
 
 def project(x, linears):

@@ -4,6 +4,12 @@ Models call ``trellis_matmul`` (one linear) or ``trellis_matmul_group`` (linears
 same input, such as q/k/v) and nothing else; they pick the backend (the jax.numpy reference, or a
 GPU kernel from ``exl3_jax.ffi`` when one is available) at trace time.
 
+Numerics at the fp16 boundary (nn.numerics states the policy): fp32 inputs are computed in fp32 by
+the reference backend; other dtypes reach it as fp16 operands with a per-row power-of-two scale
+(``fp16_operand``), multiplied back before the bias. The GPU kernels take fp16 operands after
+the input rotation and scale each row themselves (ffi/hadamard.py), so the GPU backend takes x
+in any float dtype with no XLA work around the call.
+
 Backend choice, in order: the ``backend=`` argument, the ``EXL3_JAX_BACKEND`` environment variable
 ("auto", "reference", "gpu"), then "auto" (the GPU kernel on a CUDA device, else the reference).
 """
@@ -15,9 +21,11 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..trellis import Exl3Weight, linear_reference
 
+F16_MAX = 65504.0
 BACKENDS = ("auto", "reference", "gpu")
 BACKEND_ENV = "EXL3_JAX_BACKEND"
 
@@ -52,11 +60,40 @@ def pad_input(x, k: int):
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, k - d)])
 
 
+def fp16_operand(x):
+    """Bring activations into the fp16 range by per-row power-of-two scaling.
+
+    Args:
+      x: float [..., d] (bf16 or fp32).
+    Returns:
+      (x16 float16 [..., d], scale float32 [..., 1]) with x == x16 * scale for every in-range value
+      (exactly for bf16 inputs in the fp16 normal range); scale is the smallest power of two
+      >= max|x| / 65504 of the row, at least 1.
+    """
+    xf = x.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
+    ratio = jnp.maximum(amax / np.float32(F16_MAX), np.float32(1.0))
+    scale = jnp.exp2(jnp.ceil(jnp.log2(ratio)))
+    x16 = jnp.clip(xf / scale, -F16_MAX, F16_MAX).astype(jnp.float16)
+    return x16, scale
+
+
+def _reference_matmul(x, weight: Exl3Weight):
+    """linear_reference under the numerics policy (fp32 as is, else a scaled fp16 operand)."""
+    if x.dtype == jnp.float32:
+        return linear_reference(x, weight.trellis, weight.suh, weight.svh, weight.codebook,
+                                weight.bias)
+    x16, scale = fp16_operand(x)
+    y = linear_reference(x16, weight.trellis, weight.suh, weight.svh, weight.codebook) * scale
+    return y if weight.bias is None else y + weight.bias.astype(jnp.float32)
+
+
 def trellis_matmul(x, weight: Exl3Weight, *, backend: str | None = None):
     """y = x @ W (+ bias) for one EXL3 linear, output trimmed to its logical out_features.
 
     Args:
-      x: float [..., d] with in_features <= d <= k (narrower inputs are zero-extended).
+      x: float [..., d] with in_features <= d <= k (narrower inputs are zero-extended); fp32,
+        or bf16 / fp16 (the fp16 boundary: module docstring).
       weight: an ``Exl3Weight`` without stack axes.
     Returns:
       float32 [..., out_features] (callers cast to their activation dtype).
@@ -68,8 +105,7 @@ def trellis_matmul(x, weight: Exl3Weight, *, backend: str | None = None):
         from ..ffi import trellis_gemm
         y = trellis_gemm.trellis_matmul_gpu(x, weight)
     else:
-        y = linear_reference(x, weight.trellis, weight.suh, weight.svh, weight.codebook,
-                             weight.bias)
+        y = _reference_matmul(x, weight)
     return y[..., :weight.out_features]
 
 
