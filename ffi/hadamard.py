@@ -14,7 +14,7 @@ sqrt(128) * max|x * suh| (11.3x). Each row is therefore divided by the smallest 
 s >= max|x * suh| / 4096 (s >= 1; trellis_gemm.ROW_LIMIT_LOG2 = 12), so no rotated element exceeds
 11.32 * 4096 = 46341 < 65504, and the output kernel multiplies s back before the bias. A power
 of two is exact both ways, so rows in range (s = 1, nearly all) are untouched; for a scaled row
-only elements below 2^-14 * s turn into fp16 subnormals, 2^-26 of the row's max or less.
+only elements below 2^-14 * s turn into fp16 subnormals, 2^-25 of the row's max or less.
 Non-finite inputs stay non-finite. This replaces an XLA amax/divide before and a multiply after
 every linear (nn.numerics); each CTA computes its row's max itself from x and suh.
 
@@ -46,11 +46,11 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
 from .trellis_gemm import ROW_LIMIT_LOG2
 from .trellis_geometry import b_fragment_slot, b_fragment_word
+from .trellis_mma import MAX_MEMBERS     # the kernels below take this many vector pointers
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
 THREADS = 32 * WARPS
-MAX_MEMBERS = 3                     # vector pointers per launch (trellis_mma.MAX_MEMBERS)
 LOAD_REGS = 128                     # row-max loads (x and suh) in flight per thread
 LAYOUTS = ("rows", "fragments")     # input transform outputs (see the layout contract)
 SPLIT_ROWS = 32                     # input transforms of up to this many rows split each row

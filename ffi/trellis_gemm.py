@@ -227,9 +227,10 @@ def _as_members(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-def _member_args(arrays, dtype=jnp.float16) -> list:
-    """The MAX_MEMBERS kernel pointers: the members' arrays, unused slots repeat the last."""
-    from .hadamard import MAX_MEMBERS
+def _member_args(arrays, dtype=None) -> list:
+    """The MAX_MEMBERS kernel pointers of a linear group (or one linear): the members' arrays
+    (cast to ``dtype`` if given), unused slots repeating the last."""
+    from .trellis_mma import MAX_MEMBERS
     out = [jnp.asarray(a, dtype) for a in arrays]
     return out + [out[-1]] * (MAX_MEMBERS - len(out))
 
@@ -255,7 +256,7 @@ def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
                         output_shape_dtype=(
                             jax.ShapeDtypeStruct((cfg.out_size,), jnp.float16),
                             jax.ShapeDtypeStruct((m_pad,), jnp.float32)))(
-        x.reshape(-1), *_member_args(suhs))
+        x.reshape(-1), *_member_args(suhs, jnp.float16))
 
 
 def decode_input_words(x, suh, cfg):
@@ -285,8 +286,7 @@ def mma_group_partials_words(xw, weights, plan: TrellisPlan, out_init=None):
     from .trellis_mma import MAX_MEMBERS, launch_trellis_mma_group
 
     cfg = _group_config(weights, plan)
-    tws = [trellis_words(w.trellis) for w in weights]
-    tws += [tws[-1]] * (MAX_MEMBERS - len(tws))
+    tws = _member_args([trellis_words(w.trellis) for w in weights])
     shape = jax.ShapeDtypeStruct((cfg.splits * cfg.m_pad * cfg.n,), jnp.float32)
     if out_init is None:
         return cutlass_call(launch_trellis_mma_group, output_shape_dtype=shape, cfg=cfg,
@@ -315,8 +315,8 @@ def hadamard_out(part, svh, bias, scale, *, m: int, m_pad: int, splits: int, n: 
         scale = jnp.ones((m_pad,), jnp.float32)
     y = cutlass_call(launch_hadamard_out, cfg=cfg, compile_options=_cute_options(),
                      output_shape_dtype=jax.ShapeDtypeStruct((m * n,), jnp.float32))(
-        part, *_member_args(svhs),
-        *_member_args([b if b is not None else v for b, v in zip(biases, svhs)]),
+        part, *_member_args(svhs, jnp.float16),
+        *_member_args([b if b is not None else v for b, v in zip(biases, svhs)], jnp.float16),
         jnp.asarray(scale, jnp.float32).reshape(-1))
     return y.reshape(m, n)
 
