@@ -1,7 +1,7 @@
 """End-to-end generate throughput with the GPU kernels on synthetic 4 bpw models built in memory.
 
   python scripts/gpu_e2e_decode.py [--out $OUT/gpu_e2e_decode.json] [--budget-s 220]
-      [--cases moe:1:512,moe:8:64,dense:1:512,dense:8:64] [--new 64] [--repeats 3]
+      [--cases moe:1:512,moe:8:64,dense:1:512,dense:8:64] [--new 64] [--repeats 5]
       [--codebook mcg] [--tiny]
 
 Models (random int16 trellis drawn on the device with jax.random, suh ~ N(0,1)/sqrt(in),
@@ -374,7 +374,7 @@ def main(argv=None) -> int:
                         f"{TINY_CASES}); the batch-1 512-token case gives the prefill number")
     p.add_argument("--new", type=int, default=None,
                    help="decode steps N of the long call (default 64; 8 with --tiny)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--K", type=int, default=4)
     p.add_argument("--head-K", type=int, default=6)
     p.add_argument("--codebook", default="mcg")
