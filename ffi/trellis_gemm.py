@@ -307,7 +307,7 @@ def hadamard_out(part, svh, bias, scale, *, m: int, m_pad: int, splits: int, n: 
     from .hadamard import HadamardConfig, launch_hadamard_out
 
     svhs = _as_members(svh)
-    biases = _as_members(bias) if isinstance(bias, (list, tuple)) else [bias] * len(svhs)
+    biases = _as_members(bias)
     cfg = HadamardConfig(rows=m, valid=m, width=n, splits=splits, part_rows=m_pad,
                          members=tuple(int(v.shape[0]) for v in svhs),
                          biased=tuple(b is not None for b in biases))
@@ -471,5 +471,5 @@ __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decod
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
-           "output_transform", "plan_for", "rotated_matmul", "row_scale", "supports", "trellis_matmul_gpu",
-           "trellis_words"]
+           "output_transform", "plan_for", "rotated_matmul", "row_scale", "supports",
+           "trellis_matmul_gpu", "trellis_words"]

@@ -46,31 +46,19 @@ def exl3_forward(x, weight: Exl3Weight, dense=None):
       float32 [..., out_features].
     """
     if dense is None:
-        return exl3_forward_group(x, [weight])[0]
+        return ops.trellis_matmul(x, weight)
     xp = ops.pad_input(x.astype(jnp.float32), weight.k)
     y = jnp.einsum("...k,kn->...n", xp, dense, precision=_HIGHEST)[..., :weight.out_features]
     return _add_bias(y, weight)
 
 
-def exl3_forward_group(x, weights):
-    """[x @ W_i (+ bias_i)] for EXL3 linears that read the same x (ops.trellis_matmul_group,
-    which applies the numerics policy at the fp16 boundary).
-
-    Args:
-      x: float [..., d], d <= every member's k; bf16 or fp32.
-      weights: sequence of Exl3Weight without stack axes.
-    Returns:
-      list of float32 [..., out_features_i].
-    """
-    return ops.trellis_matmul_group(x, weights)
-
-
 def project(x, linears):
     """[linear(x) for linear in linears] in x's dtype; EXL3 linears without a dequantized cache
-    run as one group (``exl3_forward_group``: one set of GPU launches for q/k/v or gate/up)."""
+    run as one group (``ops.trellis_matmul_group``: one set of GPU launches for q/k/v or
+    gate/up)."""
     if len(linears) > 1 and all(isinstance(lin, Exl3Linear) and lin.dense is None
                                 for lin in linears):
-        ys = exl3_forward_group(x, [lin.weight for lin in linears])
+        ys = ops.trellis_matmul_group(x, [lin.weight for lin in linears])
         return [y.astype(x.dtype) for y in ys]
     return [lin(x) for lin in linears]
 
