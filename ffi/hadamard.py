@@ -39,7 +39,7 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32
+from cutlass import BFloat16, Float16, Float32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -51,7 +51,10 @@ from .trellis_mma import MAX_MEMBERS     # the kernels below take this many vect
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
 WARPS = 8
 THREADS = 32 * WARPS
-LOAD_REGS = 128                     # row-max loads (x and suh) in flight per thread
+LOAD_REGS = 96                      # row-max load registers (x and suh words) in flight per
+                                    # thread (with addresses and unpacking, <= 128 registers)
+STEP = 8                            # row-max elements per thread and step: one 16-byte word
+                                    # of suh and of a 2-byte x (two words of an f32 x)
 LAYOUTS = ("rows", "fragments")     # input transform outputs (see the layout contract)
 SPLIT_ROWS = 32                     # input transforms of up to this many rows split each row
 
@@ -134,14 +137,16 @@ class HadamardConfig:
 
     @property
     def max_steps(self) -> int:
-        """Input transform: x elements of the row's max each thread reads."""
-        return -(-self.x_width // THREADS)
+        """Input transform: row-max steps of each thread, STEP consecutive x elements each (as
+        16-byte vector loads: 8x fewer load instructions than one element per load)."""
+        return -(-self.x_width // (STEP * THREADS))
 
-    @property
-    def load_batch(self) -> int:
-        """Input transform: row-max steps whose loads are issued together (all of them for
-        rows up to 128 * THREADS / (1 + inputs) wide: one memory round trip)."""
-        return max(1, LOAD_REGS // (1 + self.inputs))
+    def load_batch(self, x_bits: int) -> int:
+        """Input transform: row-max steps whose loads are issued together, for an x of ``x_bits``
+        bits per element: a step holds STEP * x_bits / 32 registers of x and 4 of each suh.
+        All of them (one memory round trip) for x rows up to 24576 wide (2-byte x, one member)
+        or 12288 (a group of three)."""
+        return max(1, LOAD_REGS // (STEP * x_bits // 32 + 4 * self.inputs))
 
     @property
     def in_grid(self) -> tuple[int, int, int]:
@@ -183,6 +188,22 @@ def power_of_two_inverse(s, *, loc=None, ip=None) -> Float32:
     return Float32(res)
 
 
+def cta_max(v, warp):
+    """Maximum of the Float32 ``v`` over the CTA's WARPS warps (every thread gets it): butterfly
+    shuffles in each warp, then one value per warp through shared memory (every lane stores
+    the same value: no branch, which plain Python helpers cannot hold). Inlined at trace time;
+    every thread of the CTA must reach it."""
+    for b in range(5):
+        v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1 << b))
+    smem = cutlass.utils.SmemAllocator()
+    red = smem.allocate_tensor(Float32, cute.make_layout(WARPS), 16)
+    red[warp] = v
+    cute.arch.sync_threads()
+    for w in range(WARPS):
+        v = cute.arch.fmax(v, red[w])
+    return v
+
+
 def _block_inputs(x, suhs, src, blk, lane, cfg):
     """(first column, this lane's 4 fp32 values x * suh) of 128-block ``blk`` of the row at
     ``src`` (member blk // (x_width / 128); the member's suh chosen by select, every member's
@@ -195,6 +216,57 @@ def _block_inputs(x, suhs, src, blk, lane, cfg):
         suh4 = [cutlass.select_(member == h, Float32(suhs[h][xcol + e]), suh4[e])
                 for e in range(4)]
     return col, [Float32(x[src + xcol + e]) * suh4[e] for e in range(4)]
+
+
+@dsl_user_op
+def _load_words(addr, *, loc=None, ip=None) -> list:
+    """The 4 words (Uint32) at the 16-byte aligned global address ``addr`` (Int64): one
+    ld.global.v4 (LDG.E.128). A coherent load (not .nc, which reads data assumed constant), so
+    that a later barrier (``_barrier_zero``) orders it; side effects, so that LLVM keeps these
+    loads and the barrier in program order."""
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+                          [Int64(addr).ir_value(loc=loc, ip=ip)],
+                          "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                          has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def _barrier_zero(*, loc=None, ip=None) -> Uint32:
+    """0, as the thread count of a CTA barrier (bar.red.popc of false). The row max ORs it into
+    every loaded word: ptxas moves neither a memory load below a barrier nor a use of the
+    barrier's result above it, so all loads of a batch are issued before the first use (left
+    alone, ptxas interleaved the 16-byte loads with the max at 34 registers: a memory round
+    trip per step or two). Every thread of the CTA must reach it."""
+    res = llvm.inline_asm(T.i32(), [], "{\n.reg .pred f;\n    setp.ne.u32 f, 0, 0;\n"
+                          "    bar.red.popc.u32 $0, 0, f;\n}", "=r", has_side_effects=True,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Uint32(res)
+
+
+_UNPACK_ASM = {                  # (word | zero) -> fp32 of its elements (exact), element order
+    BFloat16: "{\n.reg .b32 t, l, h;\n    or.b32 t, $2, $3;\n    shl.b32 l, t, 16;\n"
+              "    and.b32 h, t, 0xFFFF0000;\n    mov.b32 $0, l;\n    mov.b32 $1, h;\n}",
+    Float16: "{\n.reg .b32 t;\n.reg .b16 l, h;\n    or.b32 t, $2, $3;\n"
+             "    mov.b32 {l, h}, t;\n    cvt.f32.f16 $0, l;\n    cvt.f32.f16 $1, h;\n}",
+    Float32: "{\n.reg .b32 t;\n    or.b32 t, $1, $2;\n    mov.b32 $0, t;\n}",
+}
+
+
+@dsl_user_op
+def _unpack(word, zero, dtype, *, loc=None, ip=None) -> list:
+    """The fp32 values of the ``dtype`` elements (bf16 / f16: 2, f32: 1) of one loaded word,
+    after ORing in ``zero`` (``_barrier_zero``)."""
+    n = 32 // dtype.width
+    res = llvm.inline_asm(
+        T.f32() if n == 1 else llvm.StructType.get_literal([T.f32()] * n),
+        [Uint32(word).ir_value(loc=loc, ip=ip), Uint32(zero).ir_value(loc=loc, ip=ip)],
+        _UNPACK_ASM[dtype], ",".join(["=f"] * n + ["r", "r"]), has_side_effects=False,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    if n == 1:
+        return [Float32(res)]
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
 def _rotate_store(v, factor, row, col, lane, out, cfg):
@@ -232,30 +304,42 @@ def _hadamard_in_kernel(x: cute.Tensor, suh0: cute.Tensor, suh1: cute.Tensor, su
     if cutlass.const_expr(cfg.per_warp == 1):
         col1, v1 = _block_inputs(x, suhs, src, cutlass.min(blk1, cfg.row_blocks - 1), lane, cfg)
 
-    # The row's max|x * suh_g| over every member (a clamped index re-reads the last element,
-    # which leaves the max unchanged), then the CTA's max through shared memory. Padding rows
-    # (7 of 8 at m = 1) skip it: their scale is 1 and their output zeros.
+    # The row's max|x * suh_g| over every member (a clamped step re-reads the last STEP
+    # elements, which leaves the max unchanged), then the CTA's max through shared memory.
+    # Padding rows (7 of 8 at m = 1) skip it: their scale is 1 and their output zeros. Step u
+    # of a thread is elements STEP * u .. STEP * u + 7 of the row, as 16-byte words (one
+    # LDG.128 each; rows and suh are 16-byte aligned: x_width is a multiple of 128): at decode
+    # every CTA of a row re-reads the whole row, and one load per element made this loop
+    # load-instruction bound (ncu, bench/NOTES.md). Exact unpacking, fp32 products and an
+    # exact max: the same s as one element per load. Each batch ends in a barrier
+    # (_barrier_zero), which every thread reaches: row < valid is the same for the whole CTA.
     amax = Float32(0.0)
     if row < cfg.valid:
-        for j0 in cutlass.range_constexpr(0, cfg.max_steps, cfg.load_batch):
-            cols = [cutlass.min(tid + j * THREADS, cfg.x_width - 1)
-                    for j in range(j0, min(j0 + cfg.load_batch, cfg.max_steps))]
-            x_batch = [Float32(x[src + c]) for c in cols]
-            suh_batch = [[Float32(sg[c]) for c in cols] for sg in suhs]
-            for gm in cutlass.range_constexpr(cfg.inputs):
-                for j in cutlass.range_constexpr(len(cols)):
-                    p = x_batch[j] * suh_batch[gm][j]
-                    amax = cute.arch.fmax(amax, cute.arch.fmax(p, -p))
-    for b in cutlass.range_constexpr(5):
-        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << b))
-    smem = cutlass.utils.SmemAllocator()
-    red = smem.allocate_tensor(Float32, cute.make_layout(WARPS), 16)
-    if lane == 0:
-        red[warp] = amax
-    cute.arch.sync_threads()
-    for w in cutlass.range_constexpr(WARPS):
-        amax = cute.arch.fmax(amax, red[w])
-    s = cutlass.select_(row < cfg.valid, row_scale(amax), Float32(1.0))
+        x_bytes = x.element_type.width // 8
+        x_row = (x.iterator.toint()
+                 + Int64(cutlass.min(row, cfg.valid - 1)) * (cfg.x_width * x_bytes))
+        suh_at = [sg.iterator.toint() for sg in suhs]
+        row_steps = cfg.x_width // STEP
+        batch = cfg.load_batch(x.element_type.width)
+        for j0 in cutlass.range_constexpr(0, cfg.max_steps, batch):
+            # tid < THREADS: only a step that can pass the row's end needs the clamp
+            steps = [tid + j * THREADS if (j + 1) * THREADS <= row_steps
+                     else cutlass.min(tid + j * THREADS, row_steps - 1)
+                     for j in range(j0, min(j0 + batch, cfg.max_steps))]
+            x_batch = [[w for h in range(x_bytes // 2)
+                        for w in _load_words(x_row + Int64(u) * (STEP * x_bytes) + 16 * h)]
+                       for u in steps]
+            suh_batch = [[_load_words(a + Int64(u) * (2 * STEP)) for u in steps]
+                         for a in suh_at]
+            zero = _barrier_zero()
+            for j in cutlass.range_constexpr(len(steps)):
+                xv = [v for w in x_batch[j] for v in _unpack(w, zero, x.element_type)]
+                for gm in cutlass.range_constexpr(cfg.inputs):
+                    sv = [v for w in suh_batch[gm][j] for v in _unpack(w, zero, Float16)]
+                    for e in cutlass.range_constexpr(STEP):
+                        p = xv[e] * sv[e]
+                        amax = cute.arch.fmax(amax, cute.arch.fmax(p, -p))
+    s = cutlass.select_(row < cfg.valid, row_scale(cta_max(amax, warp)), Float32(1.0))
     if tid + chunk == 0:                  # one writer per row
         scale[row] = s
     factor = keep * power_of_two_inverse(s)

@@ -12,14 +12,14 @@ produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense k
 Pipeline of one MoE layer on the GPU (``moe_gpu``), what is fused and what is not:
   0. route packing (XLA: exl3_jax.ops.moe_routing.pack_routes, a few fusions; no kernel);
   1. rotate_in: gather of each packed row's token, * suh of its expert (gate and up planes),
-     Hadamard-128, fp16 (1 launch);
+     the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch);
   2. FC1: gate and up grouped GEMM over w13 in one launch;
-  3. activation: K-split sum, FC1 output Hadamard, * svh, (* x_scale), silu(gate) * up,
-     * down suh, FC2 input Hadamard, fp16 (1 launch; the two Hadamards act on the same
-     128-column blocks, so one warp does the whole chain);
+  3. activation: K-split sum, FC1 output Hadamard, * svh * FC1 row scale (* x_scale),
+     silu(gate) * up, * down suh, FC2 row scale, FC2 input Hadamard, fp16 (1 launch; the two
+     Hadamards act on the same 128-column blocks, so one warp does the whole chain);
   4. FC2 grouped GEMM (1 launch);
-  5. combine: K-split sum, FC2 output Hadamard, * svh, top-k weighted sum in fp32 in slot
-     order per token (deterministic, no atomics) (1 launch).
+  5. combine: K-split sum, FC2 output Hadamard, * svh * FC2 row scale, top-k weighted sum in
+     fp32 in slot order per token (deterministic, no atomics) (1 launch).
 So 5 CuTe launches per layer plus the XLA route packing: not yet the single cooperative custom
 call of issue #6 (the phases are separate launches instead of grid-barrier phases). With
 EXL3_JAX_MOE_FUSED=0 (or expert biases) steps 1, 3 and 5 run as jnp glue around the plain
@@ -53,7 +53,7 @@ from . import trellis_gemm as tg
 from .cute_ops import (block_row_col, cta_thread_ids, hadamard128_lane, lane_funnels,
                        warp_task)
 from .hadamard import SCALE as HAD_SCALE
-from .hadamard import WARPS, HadamardConfig
+from .hadamard import WARPS, HadamardConfig, cta_max, power_of_two_inverse, row_scale
 from .trellis_geometry import lane_geometry, supported_rates
 from .trellis_mma import (MmaTiling, fold_warp_partials, load_chunk, mma_chunk,
                           summed_fragment, zero_accumulators)
@@ -150,15 +150,21 @@ def launch_grouped_mma(stream, xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tens
 
 
 # ---------------------------------------------------------------------------------------------
-# Fused glue kernels (one warp per (row, 128-column block); the Hadamard-128 of ffi/hadamard.py)
+# Fused glue kernels (the Hadamard-128 of ffi/hadamard.py, one warp per 128-column block).
+# rotate_in and activation run one CTA per row: each row's fp16-boundary scale (hadamard.py's
+# row_scale of the row's max |input|) needs the whole row before any element is rotated.
 #
-#   rotate_in:  xh[p, r] = fp16(H128(x[token(r)] * suh13[p, expert(r)]))   (0 for padding rows)
-#   activation: g, u = H128(sum_s part1[s, p, r]) * svh13[p, expert(r)] (* x_scale[token(r)]);
-#               xh2[r] = fp16(H128(silu(g) * u * suh2[expert(r)]))         (one warp does all:
-#               the output Hadamard of FC1 and the input Hadamard of FC2 act on the same
-#               128-column blocks, and everything between them is elementwise)
-#   combine:    y[t] = sum_j w[t, j] * H128(sum_s part2[s, route_row[t, j]]) * svh2[expert]
-#               in slot order j (fixed per token), fp32; invalid routes add exactly 0.
+#   rotate_in:  s1[p, r] = row_scale(max |x[token(r)] * suh13[p, expert(r)]|)
+#               xh[p, r] = fp16(H128(x[token(r)] * suh13[p, expert(r)]) / s1[p, r])
+#               (0 and s1 = 1 for padding rows)
+#   activation: g, u = H128(sum_s part1[s, p, r]) * svh13[p, expert(r)] * s1[p, r]
+#               (* x_scale[token(r)]); h = silu(g) * u * suh2[expert(r)];
+#               s2[r] = row_scale(max |h|); xh2[r] = fp16(H128(h) / s2[r]) (one warp does a
+#               block's whole chain: the output Hadamard of FC1 and the input Hadamard of FC2
+#               act on the same 128-column blocks, and everything between them is elementwise)
+#   combine:    y[t] = sum_j w[t, j] * s2[r] * H128(sum_s part2[s, r]) * svh2[expert(r)],
+#               r = route_row[t, j], in slot order j (fixed per token), fp32; invalid routes
+#               add exactly 0.
 
 @dataclasses.dataclass(frozen=True)
 class GlueConfig(HadamardConfig):
@@ -186,52 +192,93 @@ def _split_sum4(part, base_of_split, splits: int):
     return v
 
 
+def _row_blocks(cfg, warp):
+    """The 128-column blocks of a row this warp handles in a one-CTA-per-row kernel: for
+    i < cfg.per_warp, (whether block i * WARPS + warp exists, its first column, clamped to the
+    last block so every index is in bounds). A warp past the last block re-computes the last
+    one, which leaves the row max unchanged, and does not store it. Plain Python inlined at
+    trace time."""
+    nb = cfg.width // 128
+    out = []
+    for i in range(cfg.per_warp):
+        blk = i * WARPS + warp
+        out.append((blk < nb, cutlass.min(blk, nb - 1) * 128))
+    return out
+
+
+def _abs_max(amax, v):
+    """amax folded with max|v_i| (Float32 list). Plain Python inlined at trace time."""
+    for x in v:
+        amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
+    return amax
+
+
 @cute.kernel
 def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp: cute.Tensor,
-                      out: cute.Tensor, cfg: cutlass.Constexpr):
-    lane, task = warp_task(WARPS)
-    if task < cfg.blocks:
-        nb = cfg.width // 128
-        plane = task // (cfg.plane_rows * nb)
-        row = (task // nb) % cfg.plane_rows
-        col = (task % nb) * 128 + 4 * lane
-        tok = Int32(rtok[row])
-        e = Int32(rexp[row])
-        live = (tok >= 0) & (e >= 0)
-        keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
-        src = cutlass.select_(live, tok, Int32(0)) * cfg.width + col
-        srow = (plane * cfg.experts + cutlass.select_(live, e, Int32(0))) * cfg.width + col
-        v = [Float32(x[src + i]) * Float32(suh[srow + i]) * keep for i in range(4)]
-        v = hadamard128_lane(v, lane)
-        base = (plane * cfg.plane_rows + row) * cfg.width + col
-        for i in cutlass.range_constexpr(4):
-            out[base + i] = Float16(v[i] * Float32(HAD_SCALE))
+                      out: cute.Tensor, scale: cute.Tensor, cfg: cutlass.Constexpr):
+    tid, lane, warp, (bx, _, _) = cta_thread_ids()
+    plane = bx // cfg.plane_rows
+    row = bx % cfg.plane_rows
+    tok = Int32(rtok[row])
+    e = Int32(rexp[row])
+    live = (tok >= 0) & (e >= 0)
+    keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
+    src = cutlass.select_(live, tok, Int32(0)) * cfg.width + 4 * lane
+    srow = (plane * cfg.experts + cutlass.select_(live, e, Int32(0))) * cfg.width + 4 * lane
+    blocks = _row_blocks(cfg, warp)
+    vals = []
+    amax = Float32(0.0)
+    for i in cutlass.range_constexpr(cfg.per_warp):     # every load before the first use
+        c0 = blocks[i][1]
+        vals.append([Float32(x[src + c0 + j]) * Float32(suh[srow + c0 + j]) * keep
+                     for j in range(4)])
+    for i in cutlass.range_constexpr(cfg.per_warp):
+        amax = _abs_max(amax, vals[i])
+    # The fp16 boundary (ffi/hadamard.py): s = smallest power of two with max|x * suh| / s <=
+    # 2^ROW_LIMIT_LOG2, so no rotated element exceeds 46341; padding rows (all zero) get s = 1.
+    s = row_scale(cta_max(amax, warp))
+    if tid == 0:
+        scale[bx] = s
+    inv = power_of_two_inverse(s)
+    base = (plane * cfg.plane_rows + row) * cfg.width + 4 * lane
+    for i in cutlass.range_constexpr(cfg.per_warp):
+        real, c0 = blocks[i]
+        if real:
+            h = hadamard128_lane([vals[i][j] * inv for j in range(4)], lane)
+            for j in cutlass.range_constexpr(4):
+                out[base + c0 + j] = Float16(h[j] * Float32(HAD_SCALE))
 
 
 @cute.kernel
 def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
-                       rtok: cute.Tensor, rexp: cute.Tensor, xscale: cute.Tensor,
-                       out: cute.Tensor, cfg: cutlass.Constexpr):
-    lane, task = warp_task(WARPS)
-    if task < cfg.blocks:
-        row, col = block_row_col(task, cfg.width, lane)
-        tok = Int32(rtok[row])
-        e = Int32(rexp[row])
-        live = (tok >= 0) & (e >= 0)
-        e0 = cutlass.select_(live, e, Int32(0))
+                       rtok: cute.Tensor, rexp: cute.Tensor, scale1: cute.Tensor,
+                       xscale: cute.Tensor, out: cute.Tensor, scale2: cute.Tensor,
+                       cfg: cutlass.Constexpr):
+    tid, lane, warp, (row, _, _) = cta_thread_ids()
+    tok = Int32(rtok[row])
+    e = Int32(rexp[row])
+    live = (tok >= 0) & (e >= 0)
+    e0 = cutlass.select_(live, e, Int32(0))
+    keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
+    # FC1's row scales (gate plane, up plane) and the optional caller's x_scale.
+    rs = [Float32(scale1[p * cfg.rows + row]) for p in range(2)]
+    if cutlass.const_expr(cfg.scaled):
+        sc = Float32(xscale[cutlass.select_(live, tok, Int32(0))])
+        rs = [r * sc for r in rs]
+    blocks = _row_blocks(cfg, warp)
+    hs = []
+    amax = Float32(0.0)
+    for b in cutlass.range_constexpr(cfg.per_warp):
+        col = blocks[b][1] + 4 * lane
         gu = []
         for p in cutlass.range_constexpr(2):
             v = _split_sum4(part, lambda s: ((s * 2 + p) * cfg.rows + row) * cfg.width + col,
                             cfg.splits)
             v = hadamard128_lane(v, lane)
             srow = (p * cfg.experts + e0) * cfg.width + col
-            gu.append([v[i] * Float32(HAD_SCALE) * Float32(svh13[srow + i]) for i in range(4)])
+            gu.append([v[i] * Float32(HAD_SCALE) * Float32(svh13[srow + i]) * rs[p]
+                       for i in range(4)])
         g, u = gu
-        if cutlass.const_expr(cfg.scaled):
-            sc = Float32(xscale[cutlass.select_(live, tok, Int32(0))])
-            g = [g[i] * sc for i in range(4)]
-            u = [u[i] * sc for i in range(4)]
-        keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
         h = []
         for i in cutlass.range_constexpr(4):
             silu = g[i] / (Float32(1.0) + cute.math.exp(-g[i]))
@@ -239,55 +286,71 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
             if cutlass.const_expr(cfg.valid_cols < cfg.width):
                 m = cutlass.select_(col + i < cfg.valid_cols, keep, Float32(0.0))
             h.append(silu * u[i] * m * Float32(suh2[e0 * cfg.width + col + i]))
-        h = hadamard128_lane(h, lane)
-        for i in cutlass.range_constexpr(4):
-            out[row * cfg.width + col + i] = Float16(h[i] * Float32(HAD_SCALE))
+        amax = _abs_max(amax, h)
+        hs.append(h)
+    # FC2's fp16 boundary, as in rotate_in: SwiGLU outputs of outlier tokens reach the
+    # thousands, and the rotation multiplies the largest by up to sqrt(128).
+    s = row_scale(cta_max(amax, warp))
+    if tid == 0:
+        scale2[row] = s
+    inv = power_of_two_inverse(s)
+    for i in cutlass.range_constexpr(cfg.per_warp):
+        real, c0 = blocks[i]
+        if real:
+            h = hadamard128_lane([hs[i][j] * inv for j in range(4)], lane)
+            for j in cutlass.range_constexpr(4):
+                out[row * cfg.width + c0 + 4 * lane + j] = Float16(h[j] * Float32(HAD_SCALE))
 
 
 @cute.kernel
 def _combine_kernel(part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
-                    route_row: cute.Tensor, weights: cute.Tensor, out: cute.Tensor,
-                    cfg: cutlass.Constexpr):
+                    route_row: cute.Tensor, weights: cute.Tensor, scale2: cute.Tensor,
+                    out: cute.Tensor, cfg: cutlass.Constexpr):
     lane, task = warp_task(WARPS)
     if task < cfg.blocks:
         t, col = block_row_col(task, cfg.width, lane)
+        # Every route's loads are issued before the first is used, in three dependent rounds
+        # (route rows; their expert, weight, scale and partials; svh): a loop of top_k
+        # load-then-use steps was a chain of 3 * top_k memory round trips, 7.6 us per layer
+        # at one token (session 11 profile).
+        rr = [Int32(route_row[t * cfg.top_k + j]) for j in range(cfg.top_k)]
+        r0 = [cutlass.select_(r >= 0, r, Int32(0)) for r in rr]
+        e0 = [cutlass.max(Int32(rexp[r]), Int32(0)) for r in r0]
+        w = [cutlass.select_(rr[j] >= 0, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
+             * Float32(scale2[r0[j]]) for j in range(cfg.top_k)]      # * FC2 input row scale
+        v = [_split_sum4(part, lambda s, r=r: (s * cfg.part_rows + r) * cfg.width + col,
+                         cfg.splits) for r in r0]
+        sv = [[Float32(svh2[e * cfg.width + col + i]) for i in range(4)] for e in e0]
         acc = [Float32(0.0)] * 4
-        for j in cutlass.range_constexpr(cfg.top_k):
-            r = Int32(route_row[t * cfg.top_k + j])
-            valid = r >= 0
-            r0 = cutlass.select_(valid, r, Int32(0))
-            e0 = cutlass.max(Int32(rexp[r0]), Int32(0))
-            w = cutlass.select_(valid, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
-            v = _split_sum4(part, lambda s: (s * cfg.part_rows + r0) * cfg.width + col,
-                            cfg.splits)
-            v = hadamard128_lane(v, lane)
-            acc = [acc[i] + w * (v[i] * Float32(HAD_SCALE)
-                                 * Float32(svh2[e0 * cfg.width + col + i])) for i in range(4)]
+        for j in cutlass.range_constexpr(cfg.top_k):          # slot order: deterministic
+            h = hadamard128_lane(v[j], lane)
+            acc = [acc[i] + w[j] * (h[i] * Float32(HAD_SCALE) * sv[j][i]) for i in range(4)]
         for i in cutlass.range_constexpr(4):
             out[t * cfg.width + col + i] = acc[i]
 
 
 @cute.jit
 def launch_rotate_in(stream, x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor,
-                     rexp: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
-    _rotate_in_kernel(x, suh, rtok, rexp, out, cfg).launch(grid=cfg.grid,
-                                                           block=(32 * WARPS, 1, 1),
-                                                           stream=stream)
+                     rexp: cute.Tensor, out: cute.Tensor, scale: cute.Tensor,
+                     cfg: cutlass.Constexpr):
+    _rotate_in_kernel(x, suh, rtok, rexp, out, scale, cfg).launch(
+        grid=cfg.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
 
 
 @cute.jit
 def launch_activation(stream, part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
-                      rtok: cute.Tensor, rexp: cute.Tensor, xscale: cute.Tensor,
-                      out: cute.Tensor, cfg: cutlass.Constexpr):
-    _activation_kernel(part, svh13, suh2, rtok, rexp, xscale, out, cfg).launch(
-        grid=cfg.grid, block=(32 * WARPS, 1, 1), stream=stream)
+                      rtok: cute.Tensor, rexp: cute.Tensor, scale1: cute.Tensor,
+                      xscale: cute.Tensor, out: cute.Tensor, scale2: cute.Tensor,
+                      cfg: cutlass.Constexpr):
+    _activation_kernel(part, svh13, suh2, rtok, rexp, scale1, xscale, out, scale2, cfg).launch(
+        grid=cfg.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
 
 
 @cute.jit
 def launch_combine(stream, part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
-                   route_row: cute.Tensor, weights: cute.Tensor, out: cute.Tensor,
-                   cfg: cutlass.Constexpr):
-    _combine_kernel(part, svh2, rexp, route_row, weights, out, cfg).launch(
+                   route_row: cute.Tensor, weights: cute.Tensor, scale2: cute.Tensor,
+                   out: cute.Tensor, cfg: cutlass.Constexpr):
+    _combine_kernel(part, svh2, rexp, route_row, weights, scale2, out, cfg).launch(
         grid=cfg.grid, block=(32 * WARPS, 1, 1), stream=stream)
 
 
@@ -334,42 +397,53 @@ def plan_for(tokens: int, top_k: int, w13: Exl3Weight, down: Exl3Weight,
                     kind=None if force == "auto" else force, sms=tg.device_sms())
 
 
+def _per_row(rows: int, width: int, **fields) -> GlueConfig:
+    """A glue kernel with one CTA per row (its row max needs the whole row in one CTA)."""
+    return GlueConfig(rows=rows, valid=rows, width=width,
+                      per_warp=-(-width // (128 * WARPS)), **fields)
+
+
 def rotate_in(x, suh13, pr: PackedRoutes):
-    """Fused gather + input rotation of both planes: x [T, H] -> flat fp16 [2 * rows * H]."""
+    """Fused gather + input rotation of both planes: x [T, H] (fp32 / bf16 / fp16, any range)
+    -> (flat fp16 [2 * rows * H] = had128(x[token] * suh) / s, row scales s float32
+    [2 * rows], plane-major; hadamard.py's fp16 boundary)."""
     from cutlass.jax import cutlass_call
     T, H = x.shape
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         x = x.astype(jnp.float32)
-    cfg = GlueConfig(rows=2 * pr.rows, valid=2 * pr.rows, width=H, experts=suh13.shape[1],
-                     planes=2)
+    cfg = _per_row(2 * pr.rows, H, experts=suh13.shape[1], planes=2)
     return cutlass_call(launch_rotate_in, cfg=cfg, compile_options=tg._cute_options(),
-                        output_shape_dtype=jax.ShapeDtypeStruct((2 * pr.rows * H,),
-                                                                jnp.float16))(
+                        output_shape_dtype=(
+                            jax.ShapeDtypeStruct((2 * pr.rows * H,), jnp.float16),
+                            jax.ShapeDtypeStruct((2 * pr.rows,), jnp.float32)))(
         x.reshape(-1), jnp.asarray(suh13, jnp.float16).reshape(-1), pr.row_token,
         pr.row_expert)
 
 
-def activation(part1, svh13, suh2, pr: PackedRoutes, x_scale, *, splits: int, inter: int,
-               valid_cols: int):
-    """Fused FC1 output rotation, svh, SwiGLU, FC2 input rotation: flat fp32 partials
-    [splits * 2 * rows * I] -> flat fp16 [rows * I]."""
+def activation(part1, scale1, svh13, suh2, pr: PackedRoutes, x_scale, *, splits: int,
+               inter: int, valid_cols: int):
+    """Fused FC1 output rotation, svh, FC1 row scales (rotate_in's scale1, then x_scale),
+    SwiGLU, FC2 input rotation: flat fp32 partials [splits * 2 * rows * I] -> (flat fp16
+    [rows * I] = had128(h * suh2) / s2, row scales s2 float32 [rows])."""
     from cutlass.jax import cutlass_call
     E = svh13.shape[1]
     scaled = x_scale is not None
     xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
               else jnp.ones((1,), jnp.float32))
-    cfg = GlueConfig(rows=pr.rows, valid=pr.rows, width=inter, experts=E, splits=splits,
-                     valid_cols=valid_cols, scaled=scaled)
+    cfg = _per_row(pr.rows, inter, experts=E, splits=splits, valid_cols=valid_cols,
+                   scaled=scaled)
     return cutlass_call(launch_activation, cfg=cfg, compile_options=tg._cute_options(),
-                        output_shape_dtype=jax.ShapeDtypeStruct((pr.rows * inter,),
-                                                                jnp.float16))(
+                        output_shape_dtype=(
+                            jax.ShapeDtypeStruct((pr.rows * inter,), jnp.float16),
+                            jax.ShapeDtypeStruct((pr.rows,), jnp.float32)))(
         part1, jnp.asarray(svh13, jnp.float16).reshape(-1),
-        jnp.asarray(suh2, jnp.float16).reshape(-1), pr.row_token, pr.row_expert, xscale)
+        jnp.asarray(suh2, jnp.float16).reshape(-1), pr.row_token, pr.row_expert, scale1,
+        xscale)
 
 
-def combine(part2, svh2, pr: PackedRoutes, weights, *, splits: int, hidden: int):
-    """Fused FC2 output rotation, svh and fp32 top-k sum: flat fp32 partials
-    [splits * rows * H] -> fp32 [T, H]."""
+def combine(part2, scale2, svh2, pr: PackedRoutes, weights, *, splits: int, hidden: int):
+    """Fused FC2 output rotation, svh, FC2 row scales (activation's scale2) and fp32 top-k
+    sum: flat fp32 partials [splits * rows * H] -> fp32 [T, H]."""
     from cutlass.jax import cutlass_call
     T, top_k = pr.route_row.shape
     cfg = GlueConfig(rows=T, valid=T, width=hidden, experts=svh2.shape[0], splits=splits,
@@ -377,7 +451,7 @@ def combine(part2, svh2, pr: PackedRoutes, weights, *, splits: int, hidden: int)
     y = cutlass_call(launch_combine, cfg=cfg, compile_options=tg._cute_options(),
                      output_shape_dtype=jax.ShapeDtypeStruct((T * hidden,), jnp.float32))(
         part2, jnp.asarray(svh2, jnp.float16).reshape(-1), pr.row_expert,
-        pr.route_row.reshape(-1), jnp.asarray(weights, jnp.float32).reshape(-1))
+        pr.route_row.reshape(-1), jnp.asarray(weights, jnp.float32).reshape(-1), scale2)
     return y.reshape(T, hidden)
 
 
@@ -448,12 +522,13 @@ def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
     init1 = (jnp.full((cfg1.splits * 2 * rows * I,), np.float32(np.nan)) if poison else None)
     init2 = (jnp.full((cfg2.splits * rows * H,), np.float32(np.nan)) if poison else None)
     if fused and w13.bias is None and down.bias is None:
-        xh = rotate_in(x, w13.suh, pr)                                            # [2*rows*H]
+        xh, scale1 = rotate_in(x, w13.suh, pr)                 # [2*rows*H], [2*rows]
         part1 = grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1, init1)
-        xh2 = activation(part1, w13.svh, down.suh, pr, x_scale, splits=cfg1.splits, inter=I,
-                         valid_cols=w13.out_features)                             # [rows*I]
+        xh2, scale2 = activation(part1, scale1, w13.svh, down.suh, pr, x_scale,
+                                 splits=cfg1.splits, inter=I,
+                                 valid_cols=w13.out_features)     # [rows*I], [rows]
         part2 = grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2, init2)
-        y = combine(part2, down.svh, pr, weights, splits=cfg2.splits, hidden=H)
+        y = combine(part2, scale2, down.svh, pr, weights, splits=cfg2.splits, hidden=H)
         return y[:, :down.out_features]
 
     # FC1: both planes' input rotations, one grouped launch over w13.

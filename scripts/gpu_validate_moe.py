@@ -1,6 +1,7 @@
 """Validate the grouped Trellis MoE kernels on a CUDA machine; writes one JSON report.
 
   python scripts/gpu_validate_moe.py --out $OUT/moe_validate.json [--budget-s 270] [--no-bench]
+  compute-sanitizer --tool memcheck python scripts/gpu_validate_moe.py --memcheck
 
 Sections (each recorded even if another fails; cases past the time budget are skipped and
 listed):
@@ -12,6 +13,9 @@ listed):
               all-experts reference (moe_experts).
   decode_bitwise: in the decode plan each token of an m-token batch equals its own m=1 result
               bitwise (m = 2, 4, 8, 16, 32).
+  overflow:   bf16 tokens of magnitude 3e4 and 3e6 (their rotated FC1 operands and SwiGLU
+              outputs overflow fp16 without the kernels' row scales), fused and unfused glue,
+              both plans; each token against the reference on its own scale.
   edge:       no experts hit (all ids -1: output exactly 0), all experts hit, invalid ids mixed in.
   tiers:      mixed K3/K4 experts (exl3_jax.ops.moe.moe_tiered, gpu backend) vs the reference.
   geometry:   Qwen3-30B-A3B geometry (E128 H2048 I768 top-8) at m = 1, 8, 128 vs the reference.
@@ -156,10 +160,10 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
         pr = tm.pack_for(ids, E, plan)
         cfg1, cfg2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2,
                                                                                plan)
-        xh = tm.rotate_in(x, w13.suh, pr)
+        xh, s1 = tm.rotate_in(x, w13.suh, pr)
         p1 = tm.grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1)
-        xh2 = tm.activation(p1, w13.svh, down.suh, pr, None, splits=cfg1.splits, inter=I,
-                            valid_cols=I)
+        xh2, s2 = tm.activation(p1, s1, w13.svh, down.suh, pr, None, splits=cfg1.splits,
+                                inter=I, valid_cols=I)
         p2 = tm.grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2)
         T = lambda f, *a: round(1e6 * gb.time_in_loop(f, a, iters=64, reps=3), 2)  # noqa: E731
         row = dict(m=m, packing=plan.packing, block_m=plan.block_m, blocks=plan.blocks,
@@ -168,15 +172,15 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
         try:
             row.update(
                 pack_us=T(lambda i: tm.pack_for(i, E, plan).route_row, ids),
-                rotate_in_us=T(lambda x: tm.rotate_in(x, w13.suh, pr), x),
+                rotate_in_us=T(lambda x: tm.rotate_in(x, w13.suh, pr)[0], x),
                 fc1_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), w13, pr.block_expert,
                                                        cfg1), xh),
-                activation_us=T(lambda a: tm.activation(a, w13.svh, down.suh, pr, None,
+                activation_us=T(lambda a: tm.activation(a, s1, w13.svh, down.suh, pr, None,
                                                         splits=cfg1.splits, inter=I,
-                                                        valid_cols=I), p1),
+                                                        valid_cols=I)[0], p1),
                 fc2_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), down, pr.block_expert,
                                                        cfg2), xh2),
-                combine_us=T(lambda a: tm.combine(a, down.svh, pr, wts, splits=cfg2.splits,
+                combine_us=T(lambda a: tm.combine(a, s2, down.svh, pr, wts, splits=cfg2.splits,
                                                   hidden=H), p2),
                 layer_us=T(lambda x: tm.moe_gpu(x, ids, wts, w13, down), x),
                 layer_unfused_us=T(lambda x: tm.moe_gpu(x, ids, wts, w13, down, fused=False),
@@ -370,7 +374,33 @@ def run_validation(args) -> dict:
         m.update(auto_backend=kind, ok=passes(m) and kind == "gpu")
         return m
 
+    def overflow():
+        # The fp16 boundary (ffi/trellis_moe.py): bf16 tokens whose rotated FC1 operand and
+        # SwiGLU output overflow fp16 unless the kernels scale each row; every token against
+        # the fp32 reference on its own scale, fused and unfused glue, both plans.
+        out = []
+        E, H, I, top_k = 8, 512, 256, 2
+        w13, down = random_moe(rng, E, H, I, 4, "mcg")
+        for T, plan, fused in ((3, "decode", True), (3, "decode", False),
+                               (40, "prefill", True), (40, "prefill", False)):
+            x, ids, w = draw_tokens(rng, T, H, top_k, E, dtype=jnp.float32)
+            x = np.array(x)                                         # a writable copy
+            x[1] *= 3e4 / np.abs(x[1]).max()
+            x[2] *= 3e6 / np.abs(x[2]).max()
+            x = jnp.asarray(x, jnp.bfloat16)
+            got = np.asarray(_gpu(x, ids, w, w13, down, plan=plan, fused=fused))
+            ref = np.asarray(_ref(x, ids, w, w13, down))
+            per_token = [metrics(got[t], ref[t]) for t in range(3)]
+            r = dict(T=T, plan=plan, fused=fused, rel=[m["rel"] for m in per_token],
+                     max_abs_ref=[m["max_abs_ref"] for m in per_token],
+                     rest=metrics(got[3:], ref[3:]) if T > 3 else None,
+                     ok=all(passes(m) for m in per_token) and bool(np.isfinite(got).all()))
+            log(json.dumps(r))
+            out.append(r)
+        return dict(rows=out, ok=all(r["ok"] for r in out))
+
     # The issue's named checks first; the accuracy sweep fills the remaining budget.
+    section("overflow", overflow)
     section("decode_bitwise", decode_bitwise)
     section("edge", edge)
     section("tiers", tiers)
@@ -397,6 +427,25 @@ def run_validation(args) -> dict:
     return report
 
 
+def run_memcheck() -> int:
+    """A decode and a prefill layer (fused glue, poisoned outputs), for compute-sanitizer
+    memcheck; the Qwen3 intermediate size (768: 6 of a CTA's 8 warps own a block). The
+    reference runs on the CPU: XLA's GEMM autotuning crashed under the sanitizer (session 11)."""
+    rng = np.random.default_rng(3)
+    E, H, I, top_k = 8, 512, 768, 2
+    w13, down = random_moe(rng, E, H, I, 4, "mcg", inter_valid=700)
+    bad = 0
+    for T, plan in ((3, "decode"), (40, "prefill")):
+        x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid=0.1)
+        got = _gpu(x, ids, w, w13, down, plan=plan)
+        with jax.default_device(jax.devices("cpu")[0]):
+            ref = _ref(*jax.device_put((x, ids, w, w13, down), jax.devices("cpu")[0]))
+        m = metrics(got, ref)
+        log(f"memcheck run moe {plan}: T={T} rel_l2={m['rel']:.3g} nan={m['nan']}")
+        bad += not passes(m)
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"),
@@ -408,7 +457,11 @@ def main(argv=None) -> int:
                     help="fewer accuracy cases; bench of all three geometries at m 1/8/128/4096")
     ap.add_argument("--bench-s", type=float, default=90.0, help="bench budget with --quick")
     ap.add_argument("--profile-s", type=float, default=60.0)
+    ap.add_argument("--memcheck", action="store_true",
+                    help="only the small layers for compute-sanitizer (no report)")
     args = ap.parse_args(argv)
+    if args.memcheck:
+        return run_memcheck()
     log("devices:", jax.devices())
     t0 = time.perf_counter()
     report = run_validation(args)

@@ -195,7 +195,8 @@ def test_hadamard_configs_split_rows_and_name_members():
     from exl3_jax.ffi.hadamard import WARPS, HadamardConfig
     dec = HadamardConfig.input(8, 1, 3 * 4096, layout="fragments", inputs=3)
     assert dec.per_warp == 1 and dec.row_ctas == 96 // WARPS and dec.in_grid == (8 * 12, 1, 1)
-    assert dec.x_width == 4096 and dec.max_steps == 16
+    assert dec.x_width == 4096 and dec.max_steps == 2           # 8-element (16-byte) steps
+    assert dec.load_batch(16) == 6 and dec.load_batch(32) == 4  # LOAD_REGS 96 // regs per step
     pre = HadamardConfig.input(64, 40, 14336)                  # prefill: one CTA per row
     assert pre.row_ctas == 1 and pre.per_warp * WARPS >= 112 and pre.in_grid == (64, 1, 1)
     out = HadamardConfig(rows=3, valid=3, width=640, members=(384, 128, 128),

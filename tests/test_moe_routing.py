@@ -239,30 +239,37 @@ def emulate_moe_kernels(patch):
 
     from exl3_jax.ops.moe_routing import gather_expert_rows, gather_rows
 
+    def rows_scaled(xs):              # [rows, n] fp32 -> (fp16 had128(xs / s), s [rows])
+        xh, s = tg.input_transform(xs, jnp.ones((xs.shape[-1],), jnp.float32))
+        return xh, s[:, 0]
+
     def rotate_in(x, suh13, pr):
         calls.append("rotate_in")
         live = ((pr.row_token >= 0) & (pr.row_expert >= 0))[:, None]
         xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)
-        xs = jnp.stack([jnp.where(live, xr * gather_expert_rows(suh13[p], pr.row_expert), 0.0)
-                        for p in range(2)])
-        return hadamard128(xs).astype(jnp.float16).reshape(-1)
+        xs = jnp.concatenate([jnp.where(live, xr * gather_expert_rows(suh13[p], pr.row_expert),
+                                        0.0) for p in range(2)])         # [2 * rows, H]
+        xh, s = rows_scaled(xs)
+        return xh.reshape(-1), s
 
-    def activation(part1, svh13, suh2, pr, x_scale, *, splits, inter, valid_cols):
+    def activation(part1, scale1, svh13, suh2, pr, x_scale, *, splits, inter, valid_cols):
         calls.append("activation")
         y = hadamard128(part1.reshape(splits, 2, pr.rows, inter).sum(0))
         y = y * jnp.stack([gather_expert_rows(svh13[p], pr.row_expert)
                            for p in range(2)]).astype(jnp.float32)
+        y = y * scale1.reshape(2, pr.rows, 1)
         if x_scale is not None:
             y = y * gather_rows(jnp.asarray(x_scale, jnp.float32), pr.row_token)[None]
         live = ((pr.row_token >= 0) & (pr.row_expert >= 0))[:, None]
         h = jnp.where(live & (jnp.arange(inter) < valid_cols), jax.nn.silu(y[0]) * y[1], 0.0)
         h = h * gather_expert_rows(suh2, pr.row_expert).astype(jnp.float32)
-        return hadamard128(h).astype(jnp.float16).reshape(-1)
+        xh, s = rows_scaled(h)
+        return xh.reshape(-1), s
 
-    def combine(part2, svh2, pr, weights, *, splits, hidden):
+    def combine(part2, scale2, svh2, pr, weights, *, splits, hidden):
         calls.append("combine")
         y = hadamard128(part2.reshape(splits, pr.rows, hidden).sum(0))
-        y = y * gather_expert_rows(svh2, pr.row_expert).astype(jnp.float32)
+        y = y * gather_expert_rows(svh2, pr.row_expert).astype(jnp.float32) * scale2[:, None]
         return combine_routes(y, pr.route_row, weights)
 
     patch(tm, "rotate_in", rotate_in)
@@ -315,3 +322,25 @@ def test_gpu_dispatch_pads_prefill_to_a_token_bucket(rng, emulated_moe_kernels):
     assert moe_ops.token_bucket(35) == 64
     gemms = [c for c in emulated_moe_kernels if not isinstance(c, str)]
     assert len(gemms) == 2 and {c.blocks for c in gemms} == {moe_plan(64, 2, 4, H, I).blocks}
+
+
+@needs_cutlass
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_glue_keeps_overflowing_rows_finite(rng, emulated_moe_kernels, fused):
+    # The fp16 boundary of the MoE (ffi/trellis_moe.py): token 1's x reaches 3e4 and token 2's
+    # 3e6 (bf16, no caller x_scale), so both the rotated FC1 operand and the SwiGLU output that
+    # FC2 takes overflow fp16 unless each row is scaled by its power of two; token 0 is in
+    # range. Every token must match the fp32 packed reference, each to its own magnitude.
+    from exl3_jax.ffi import trellis_moe as tm
+    H, I, E = 256, 256, 4
+    w13, down = random_moe(rng, E, H, I, K=4)
+    x = rng.standard_normal((3, H))
+    x[1] *= 3e4 / np.abs(x[1]).max()
+    x[2] *= 3e6 / np.abs(x[2]).max()
+    x = jnp.asarray(x, jnp.bfloat16)
+    ids, w = random_routing(rng, 3, 2, E)
+    got = jax.jit(lambda *a: tm.moe_gpu(*a, plan="decode", fused=fused))(x, ids, w, w13, down)
+    ref = moe_ops.moe(x, ids, w, w13, down, backend="packed")
+    assert bool(jnp.all(jnp.isfinite(got)))
+    for t in range(3):
+        assert rel_err(got[t], ref[t]) < 2e-3, t

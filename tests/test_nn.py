@@ -163,21 +163,29 @@ def test_rope_rejects_unknown_type():
         RopeConfig.from_hf(64, 1e4, {"rope_type": "yarn", "factor": 4.0})
 
 
-def test_gqa_attention_matches_numpy(rng):
-    B, T, S, Hq, Hkv, D = 2, 3, 7, 6, 2, 16
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_gqa_attention_matches_numpy(rng, cache_dtype):
+    # fp32 caches: fp32 HIGHEST math, to fp32 rounding. bf16 caches: bf16 operands with fp32
+    # accumulation; q and the probabilities are rounded to bf16 (relative 2^-9), so the output
+    # moves by well under 1% of its scale, against a float64 reference on the same cache.
+    B, T, S, Hq, Hkv, D = 2, 3, 40, 6, 2, 64
     q = rng.standard_normal((B, T, Hq, D)).astype(np.float32)
-    k = rng.standard_normal((B, S, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((B, S, Hkv, D)).astype(np.float32)
+    k = jnp.asarray(rng.standard_normal((B, S, Hkv, D)), cache_dtype)
+    v = jnp.asarray(rng.standard_normal((B, S, Hkv, D)), cache_dtype)
     mask = rng.random((B, T, S)) < 0.6
     mask[..., 0] = True
-    got = jax.jit(gqa_attention, static_argnums=4)(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                                                   jnp.asarray(mask), 0.25)
-    kr, vr = np.repeat(k, Hq // Hkv, axis=2), np.repeat(v, Hq // Hkv, axis=2)
-    s = np.einsum("bthd,bshd->bhts", q, kr) * 0.25
+    got = jax.jit(gqa_attention, static_argnums=4)(jnp.asarray(q), k, v, jnp.asarray(mask),
+                                                   D ** -0.5)
+    assert got.dtype == jnp.float32
+    k64, v64 = (np.asarray(a.astype(jnp.float32), np.float64) for a in (k, v))
+    kr, vr = np.repeat(k64, Hq // Hkv, axis=2), np.repeat(v64, Hq // Hkv, axis=2)
+    s = np.einsum("bthd,bshd->bhts", q.astype(np.float64), kr) * D ** -0.5
     s = np.where(mask[:, None], s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    np.testing.assert_allclose(got, np.einsum("bhts,bshd->bthd", p, vr), rtol=1e-5, atol=1e-5)
+    ref = np.einsum("bhts,bshd->bthd", p, vr)
+    tol = 1e-5 if cache_dtype == "float32" else 1e-2
+    np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
 
 
 def test_cache_mask_and_positions_with_left_padding():

@@ -84,7 +84,13 @@ def advance(cache: KVCache, token_valid):
 
 
 def gqa_attention(q, k, v, mask, scale: float):
-    """Softmax attention with grouped KV heads, fp32 math.
+    """Softmax attention with grouped KV heads; fp32 softmax and accumulation.
+
+    The two products take the cache's dtype as operands: a bf16 cache runs them on bf16 tensor
+    cores with fp32 accumulation (q and the probabilities rounded to bf16, as flash attention
+    does), which on the H200 is what keeps the decode step's attention off the fp32 HIGHEST
+    path (bench/NOTES.md); an fp32 cache keeps fp32 operands at Precision.HIGHEST (the exact
+    mode the tests compare against).
 
     Args:
       q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] (Hq a multiple of Hkv); mask: bool [B, T, S].
@@ -93,13 +99,15 @@ def gqa_attention(q, k, v, mask, scale: float):
     """
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
-    qg = q.astype(jnp.float32).reshape(B, T, Hkv, Hq // Hkv, D)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST) * scale
+    dt = jnp.promote_types(k.dtype, v.dtype)
+    precision = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
+    qg = q.astype(dt).reshape(B, T, Hkv, Hq // Hkv, D)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(dt), precision=precision,
+                   preferred_element_type=jnp.float32) * scale              # [B, Hkv, G, T, S]
     s = jnp.where(mask[:, None, None], s, _NEG)
     p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST)
+    o = jnp.einsum("bkgts,bskd->btkgd", p.astype(dt), v.astype(dt), precision=precision,
+                   preferred_element_type=jnp.float32)                       # [B, T, Hkv, G, D]
     return o.reshape(B, T, Hq, D)
 
 

@@ -24,7 +24,6 @@ from ..ops.moe import (can_stack_w13, combine_experts, expert_tiers, moe, moe_ti
                        stack_w13)
 from ..trellis import Exl3Weight
 from .linear import dequantize_weight
-from .numerics import fp16_operand
 
 ROUTERS = ("softmax", "sigmoid")
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -98,10 +97,7 @@ class Exl3Experts(nnx.Module):
 
     def __call__(self, x, ids, weights):
         """x [T, H] -> float32 [T, H] (routed sum), through ``exl3_jax.ops.moe``."""
-        scale = None
-        if x.dtype != jnp.float32 and self.dense is None:
-            x, scale = fp16_operand(x)
-        return moe(x, ids, weights, self.gate_up, self.down, x_scale=scale, dense=self.dense)
+        return moe(x, ids, weights, self.gate_up, self.down, dense=self.dense)
 
 
 class TieredExl3Experts(nnx.Module):
@@ -124,12 +120,9 @@ class TieredExl3Experts(nnx.Module):
 
     def __call__(self, x, ids, weights):
         """x [T, H] -> float32 [T, H] (routed sum)."""
-        dense = [t.dense for t in self.tiers]
-        scale = None
-        if x.dtype != jnp.float32 and any(d is None for d in dense):
-            x, scale = fp16_operand(x)
         return moe_tiered(x, ids, weights, [(t.gate_up, t.down) for t in self.tiers],
-                          self.expert_tier, self.expert_slot, x_scale=scale, dense=dense)
+                          self.expert_tier, self.expert_slot,
+                          dense=[t.dense for t in self.tiers])
 
 
 class PlainExperts(nnx.Module):

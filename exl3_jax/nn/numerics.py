@@ -13,11 +13,14 @@ Policy:
   +-inf. Values below the fp16 normal range (6.1e-5 * s) become fp16 subnormals (or 0), which is
   negligible next to the rest of the row. Non-finite inputs stay non-finite. Where the scaling
   happens:
-  - reference backend and the MoE layers: ``ops.fp16_operand`` before the call,
-    ``s = 2^ceil(log2(max|x| / 65504))``;
-  - GPU Trellis GEMM: inside its Hadamard kernels, on the operand the GEMM really takes (the
-    rotated ``x * suh``, up to sqrt(128) * max|x * suh|): ``s`` is the smallest power of two
-    with ``max|x * suh| / s <= 4096`` (ffi/hadamard.py), and no XLA op runs around the call.
+  - reference backend: ``ops.fp16_operand`` before the call, ``s = 2^ceil(log2(max|x| /
+    65504))`` (the MoE reference backends reach it through ``ops.trellis_matmul`` or compute
+    in fp32);
+  - GPU Trellis GEMM and GPU MoE: inside their Hadamard kernels, on the operand the GEMM
+    really takes (the rotated ``x * suh``, up to sqrt(128) * max|x * suh|): ``s`` is the
+    smallest power of two with ``max|x * suh| / s <= 4096`` (ffi/hadamard.py), per row and
+    projection plane for FC1 and per route row for FC2's input ``silu(g) * u * suh``
+    (ffi/trellis_moe.py); no XLA op runs around the call.
 * In float32 mode the operand is passed as fp32 (the reference backend computes in fp32), so the
   EXL3 forward equals the dequantized-weight forward to fp32 rounding.
 """
