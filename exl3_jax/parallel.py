@@ -66,7 +66,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .format.spec import HADAMARD_BLOCK, TILE
-from .nn import (Exl3Experts, Exl3Linear, KVCache, MoEBlock, exl3_forward, fp16_operand,
+from .nn import (Exl3Experts, Exl3Linear, KVCache, MoEBlock, exl3_forward,
                  init_cache)
 from .nn.moe import TieredExl3Experts
 from .ops import moe, moe_experts, moe_tiered, pad_input, stack_w13, trellis_matmul
@@ -776,10 +776,10 @@ class ShardedExperts(nnx.Module):
             down_axis = None
         else:
             first, down_axis = 0, self.axis
-        # numerics policy of nn.Exl3Experts: fp32 as is, bf16 as a scaled fp16 operand
-        xs, scale = (x, None) if x.dtype == jnp.float32 else fp16_operand(x)
-        y = local_moe(xs, self.gate_up, self.down, ids, weights, first_expert=first,
-                      down_axis=down_axis, x_scale=scale)
+        # as nn.Exl3Experts: x in its own dtype (the kernels, or ops.trellis_matmul for the
+        # reference backend, own the fp16 boundary; nn.numerics)
+        y = local_moe(x, self.gate_up, self.down, ids, weights, first_expert=first,
+                      down_axis=down_axis)
         return jax.lax.psum(y, self.axis)
 
 

@@ -510,7 +510,8 @@ def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
     H, I = w13.k, w13.n
     if not isinstance(plan, MoePlan):
         plan = plan_for(T, top_k, w13, down, plan)
-    pr = pack_for(ids, E, plan)
+    with jax.named_scope("route_packing"):
+        pr = pack_for(ids, E, plan)
     assert pr.blocks == plan.blocks, (pr.blocks, plan.blocks)
     rows = pr.rows
     x = _pad(x, H)

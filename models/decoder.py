@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -31,11 +32,18 @@ class DecoderLayer(nnx.Module):
         self.mlp = mlp
 
     def __call__(self, x, positions, mask, k_cache, v_cache, write_slot):
-        """x [B, T, H] -> (x [B, T, H], k_cache, v_cache)."""
-        a, k_cache, v_cache = self.self_attn(self.input_layernorm(x), positions, mask, k_cache,
-                                             v_cache, write_slot)
-        x = x + a
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        """x [B, T, H] -> (x [B, T, H], k_cache, v_cache). The named scopes label the HLO ops
+        (profiles, scripts/gpu_profile_decode.py --hlo)."""
+        with jax.named_scope("input_norm"):
+            h = self.input_layernorm(x)
+        with jax.named_scope("attention"):
+            a, k_cache, v_cache = self.self_attn(h, positions, mask, k_cache, v_cache,
+                                                 write_slot)
+        with jax.named_scope("post_attention_norm"):
+            x = x + a
+            h = self.post_attention_layernorm(x)
+        with jax.named_scope("mlp"):
+            x = x + self.mlp(h)
         return x, k_cache, v_cache
 
 

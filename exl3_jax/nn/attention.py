@@ -130,19 +130,25 @@ class Attention(nnx.Module):
         """x [B, T, H]; positions int32 [B, T]; mask bool [B, T, S]; k_cache/v_cache
         [B, S, Hkv, D]; write_slot int32 [] -> (out [B, T, H], k_cache, v_cache)."""
         B, T, _ = x.shape
-        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
-        q = q.reshape(B, T, self.num_heads, self.head_dim)
-        k = k.reshape(B, T, self.num_kv_heads, self.head_dim)
-        v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rope(q, positions, self.rope)
-        k = apply_rope(k, positions, self.rope)
-        zero = jnp.zeros((), jnp.int32)
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
-                                               (zero, write_slot, zero, zero))
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
-                                               (zero, write_slot, zero, zero))
-        o = gqa_attention(q, k_cache, v_cache, mask, self.head_dim ** -0.5).astype(x.dtype)
-        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim)), k_cache, v_cache
+        with jax.named_scope("qkv"):
+            q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        with jax.named_scope("qk_norm_rope"):
+            q = q.reshape(B, T, self.num_heads, self.head_dim)
+            k = k.reshape(B, T, self.num_kv_heads, self.head_dim)
+            v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+                k = self.k_norm(k)
+            q = apply_rope(q, positions, self.rope)
+            k = apply_rope(k, positions, self.rope)
+        with jax.named_scope("cache_update"):
+            zero = jnp.zeros((), jnp.int32)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype),
+                                                   (zero, write_slot, zero, zero))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype),
+                                                   (zero, write_slot, zero, zero))
+        with jax.named_scope("attend"):
+            o = gqa_attention(q, k_cache, v_cache, mask, self.head_dim ** -0.5).astype(x.dtype)
+        with jax.named_scope("o_proj"):
+            o = self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
+        return o, k_cache, v_cache

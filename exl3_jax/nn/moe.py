@@ -204,10 +204,13 @@ class MoEBlock(nnx.Module):
         """x [..., H] -> [..., H] in x's dtype."""
         lead = x.shape[:-1]
         xt = x.reshape(-1, x.shape[-1])
-        ids, w = self.route(xt)
-        y = self.experts(xt, ids, w)
+        with jax.named_scope("router"):
+            ids, w = self.route(xt)
+        with jax.named_scope("experts"):
+            y = self.experts(xt, ids, w)
         if self.shared is not None:
-            y = y + self.shared(xt).astype(jnp.float32)
+            with jax.named_scope("shared_experts"):
+                y = y + self.shared(xt).astype(jnp.float32)
         return y.astype(x.dtype).reshape(*lead, -1)
 
 

@@ -1,0 +1,44 @@
+"""The HLO side of scripts/gpu_profile_decode.py (--hlo): a real optimized-HLO dump of a jitted
+function with named scopes (XLA:CPU in a child process, dump flags set before it starts),
+parsed back into per-fusion scopes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+PROGRAM = """
+import jax, jax.numpy as jnp
+
+def _generate(x, w):
+    with jax.named_scope("attention"):
+        with jax.named_scope("qk_norm_rope"):
+            y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True))
+    with jax.named_scope("mlp"):
+        return jnp.tanh(y @ w) + 1.0
+
+jax.jit(_generate)(jnp.ones((4, 64)), jnp.ones((64, 32))).block_until_ready()
+"""
+
+
+def test_fusion_scopes_of_a_real_dump(tmp_path):
+    from gpu_profile_decode import dumped_fusions, op_scope
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_dump_to={tmp_path} --xla_dump_hlo_as_text "
+                         "--xla_dump_hlo_module_re=.*generate.*")
+    subprocess.run([sys.executable, "-c", PROGRAM], env=env, check=True, timeout=300)
+    fusions = dumped_fusions(str(tmp_path))
+    assert fusions, sorted(os.listdir(tmp_path))
+    scopes = {sc for f in fusions.values() for sc in f["scopes"]}
+    # every fusion is attributed to the scopes above (no tracing plumbing left in the paths)
+    assert any(sc.startswith("attention/qk_norm_rope/") for sc in scopes), fusions
+    assert all(not sc.startswith(("jit(", "pjit(")) for sc in scopes), scopes
+    assert all(f["shape"].startswith(("f32[", "(")) for f in fusions.values()), fusions
+    assert all("." not in name and "-" not in name for name in fusions)
+    assert op_scope("jit(_generate)/while/body/closed_call/mlp/router/dot_general") == \
+        "mlp/router/dot_general"
