@@ -17,8 +17,8 @@ from flax import nnx
 
 from exl3_jax.format import MissingTensorError
 from exl3_jax.nn import (Attention, Embedding, Exl3Experts, Exl3Linear, GatedMLP, KVCache,
-                         MoEBlock, RMSNorm, advance, exl3_forward, init_cache, resolve_dtype,
-                         routed_experts)
+                         MoEBlock, RMSNorm, Router, advance, exl3_forward, init_cache,
+                         resolve_dtype, routed_experts)
 
 from .config import ModelConfig
 from .weights import WeightSource
@@ -124,10 +124,10 @@ def _moe(src: WeightSource, c: ModelConfig, layer: int) -> MoEBlock:
     stacks = (src.expert_stack(keys(g), H, I), src.expert_stack(keys(u), H, I),
               src.expert_stack(keys(d), I, H))
     experts = routed_experts(*stacks)     # Exl3Experts, TieredExl3Experts (mixed K) or plain
-    router = src.linear(f"{prefix}.gate", H, E)
-    if isinstance(router, Exl3Linear):
+    if src.is_exl3(f"{prefix}.gate"):
         raise MissingTensorError("the MoE router must be a plain tensor", file=src.directory,
                                  tensor=f"{prefix}.gate.weight")
+    router = Router(src.tensor(f"{prefix}.gate.weight", (E, H)))     # [E, H] as stored
     bias = None
     if m.score_bias:
         bias = jnp.asarray(src.tensor(f"{prefix}.gate.e_score_correction_bias", (E,)),

@@ -110,18 +110,6 @@ def _random_exl3_leaves(key, *, lead: tuple, in_f: int, out_f: int, K: int):
     return trellis, suh, svh
 
 
-def bf16_linear_class():
-    """nn.Linear with bf16 numerics: a native-dtype dot accumulated in fp32 (what a bf16 serving
-    stack runs), instead of nn.Linear's fp32 HIGHEST reference product."""
-    from exl3_jax.nn import Linear
-
-    class Bf16Linear(Linear):
-        def forward_f32(self, x):
-            return jnp.einsum("...i,io->...o", x.astype(self.w.dtype), self.w[...],
-                              preferred_element_type=jnp.float32)
-    return Bf16Linear
-
-
 class RandomWeightSource:
     """Stands in for ``models.WeightSource`` (same methods the layer builders call) with random
     weights drawn on the default device: EXL3 linears (``K`` body, ``head_K`` lm_head), expert
@@ -159,6 +147,9 @@ class RandomWeightSource:
             return jax.random.normal(self._next_key(), shape, jnp.float16)
         if name.endswith("norm.weight"):
             return np.ones(shape, np.float32)
+        if self._is_router(name.removesuffix(".weight")):    # [E, H] bf16 as Qwen3 stores it,
+            return (2.0 * jax.random.normal(self._next_key(), shape)    # logits of O(1)
+                    / math.sqrt(shape[1])).astype(jnp.bfloat16)
         raise KeyError(f"the random source has no plain tensor {name!r}")
 
     def exl3_weight(self, key: str, in_features: int, out_features: int, lead: tuple = ()):
@@ -176,11 +167,7 @@ class RandomWeightSource:
             raise NotImplementedError("the random source builds bias-free linears only")
         if self.bf16:
             w = jax.random.normal(self._next_key(), (in_features, out_features), jnp.bfloat16)
-            return bf16_linear_class()(w * jnp.bfloat16(1 / math.sqrt(in_features)))
-        if self._is_router(key):     # router [in, out], logits of O(1)
-            w = 2.0 * jax.random.normal(self._next_key(), (in_features, out_features)) / \
-                math.sqrt(in_features)
-            return Linear(w.astype(dtype))
+            return Linear(w * jnp.bfloat16(1 / math.sqrt(in_features)))   # bf16 x bf16, fp32 acc.
         return Exl3Linear(self.exl3_weight(key, in_features, out_features))
 
     def expert_stack(self, keys: list[str], in_features: int, out_features: int):

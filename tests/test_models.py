@@ -7,6 +7,7 @@ import json
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -67,6 +68,8 @@ def test_graph_structure(arch_dirs):
             assert isinstance(layer.mlp.experts, Exl3Experts)
             assert layer.mlp.experts.gate.stack_shape == (4,)
             assert (layer.mlp.router_kind == "sigmoid") == (arch == "glm4_moe")
+            router = layer.mlp.router.weight                     # [E, H] as stored
+            assert router.dtype == jnp.float16 and router.shape == (4, c.hidden_size)
             assert (layer.mlp.shared is not None) == (arch == "glm4_moe")
     assert (m.layers[0].self_attn.q_norm is not None) == (arch in ("qwen3", "qwen3_moe",
                                                                      "glm4_moe"))

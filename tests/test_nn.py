@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from exl3_jax.nn import (Exl3Experts, Exl3Linear, F16_MAX, Linear, MoEBlock, PlainExperts,
-                         RopeConfig, apply_rope, fp16_operand, gqa_attention, resolve_dtype,
-                         rms_norm, route_sigmoid_topk, route_softmax_topk)
+                         RopeConfig, Router, apply_rope, fp16_operand, gqa_attention,
+                         resolve_dtype, rms_norm, route_sigmoid_topk, route_softmax_topk)
 from exl3_jax.nn.attention import advance, init_cache
 from exl3_jax.trellis import Exl3Weight, dequantize
 from helpers_models import random_linear
@@ -200,6 +200,34 @@ def test_cache_mask_and_positions_with_left_padding():
     np.testing.assert_array_equal(mask[0, 0], [0, 0, 1, 1, 1, 0, 0, 0])
 
 
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"),
+                                             ("bfloat16", "float32"), ("float32", "bfloat16")])
+def test_plain_weight_products_are_exact_and_summed_in_fp32(rng, x_dtype, w_dtype):
+    """Linear.forward_f32 and Router.logits vs float64 NumPy on the same (rounded) values:
+    16-bit operands of one dtype go into the dot as they are (exact products, fp32 sums);
+    other pairs run in fp32."""
+    x = jnp.asarray(rng.standard_normal((3, 2048)), x_dtype)
+    w = jnp.asarray(rng.standard_normal((2048, 128)) / 45.0, w_dtype)       # [H, E]
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    native = x_dtype == w_dtype
+    for fn in (Linear(w).forward_f32, Router(w.T).logits):
+        got = np.asarray(jax.jit(fn)(x))
+        assert got.dtype == np.float32
+        # fp32 summation of 2048 terms: error ~ sqrt(2048) * 2^-24 of the terms' magnitude
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        dots = [e for e in jax.make_jaxpr(fn)(x).eqns if e.primitive.name == "dot_general"]
+        assert [v.aval.dtype for v in dots[0].invars] == (
+            [jnp.dtype(x_dtype)] * 2 if native else [jnp.dtype(jnp.float32)] * 2)
+
+
+def test_router_keeps_16_bit_weights_and_widens_others():
+    assert Router(np.zeros((4, 8), jnp.bfloat16)).weight.dtype == jnp.bfloat16
+    assert Router(np.zeros((4, 8), np.float16)).weight.dtype == jnp.float16
+    assert Router(np.zeros((4, 8), np.float64)).weight.dtype == jnp.float32
+    r = Router(np.zeros((4, 8), np.float32))
+    assert (r.in_features, r.out_features) == (8, 4)
+
+
 # -- MoE routing and combine ----------------------------------------------------------------------
 
 def np_softmax(x):
@@ -292,7 +320,7 @@ def test_moe_block_exl3_matches_numpy(rng, experts, kind):
     x = rng.standard_normal((T, H)).astype(np.float32)
     kw = dict(top_k=k, router_kind=kind, renormalize=True, routed_scaling_factor=1.5,
               score_bias=bias if kind == "sigmoid" else None)
-    block = MoEBlock(Linear.from_hf(G), Exl3Experts(sg, su, sd), **kw)
+    block = MoEBlock(Router(G), Exl3Experts(sg, su, sd), **kw)
     logits = x.astype(np.float64) @ G.T.astype(np.float64)
     ids, w = (np_route_softmax(logits, k, True) if kind == "softmax"
               else np_route_sigmoid(logits, bias, k, True, 1.5))
@@ -307,14 +335,19 @@ def test_moe_block_exl3_matches_numpy(rng, experts, kind):
     else:
         block.experts.cache_dequantized()
         assert rel_l2(jax.jit(lambda x: block(x))(jnp.asarray(x)), want) < 1e-5
-    plain = MoEBlock(Linear.from_hf(G), PlainExperts(*(jnp.asarray(d, jnp.float32)
+    plain = MoEBlock(Router(G), PlainExperts(*(jnp.asarray(d, jnp.float32)
                                                        for d in dense)), **kw)
     assert rel_l2(plain(jnp.asarray(x)), want) < 1e-5
 
 
 def test_moe_block_rejects_bad_setup(rng):
-    G = Linear.from_hf(np.zeros((4, 8), np.float32))
+    G = Router(np.zeros((4, 8), np.float32))
     ex = PlainExperts(jnp.zeros((3, 8, 4)), jnp.zeros((3, 8, 4)), jnp.zeros((3, 4, 8)))
+    with pytest.raises(TypeError, match="router must be an nn.Router"):
+        MoEBlock(Linear.from_hf(np.zeros((3, 8), np.float32)), ex, top_k=2,
+                 router_kind="softmax", renormalize=True)
+    with pytest.raises(ValueError, match=r"router weight must be \[experts, hidden\]"):
+        Router(np.zeros(8, np.float32))
     with pytest.raises(ValueError, match="router has 4 outputs for 3 experts"):
         MoEBlock(G, ex, top_k=2, router_kind="softmax", renormalize=True)
     with pytest.raises(ValueError, match="unknown router kind"):

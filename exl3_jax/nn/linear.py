@@ -89,6 +89,17 @@ class Exl3Linear(nnx.Module):
         return exl3_forward(x, self.weight, self.dense).astype(x.dtype)
 
 
+def dot_f32(spec: str, x, w):
+    """float32 einsum(spec, x, w) of an activation x and a plain weight w, exact products.
+
+    x and w of one 16-bit float dtype go into the dot as they are, accumulating in fp32 (their
+    products are exact in fp32, so this is the fp32 product up to summation order, at 16-bit
+    operand traffic); any other pair is cast to fp32 and multiplied at Precision.HIGHEST."""
+    if x.dtype == w.dtype and x.dtype in (jnp.float16, jnp.bfloat16):
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+    return jnp.einsum(spec, x.astype(jnp.float32), w.astype(jnp.float32), precision=_HIGHEST)
+
+
 class Linear(nnx.Module):
     """An unquantized linear, y = x @ w (+ b), stored as w [in, out] (HF weight transposed)."""
 
@@ -111,8 +122,7 @@ class Linear(nnx.Module):
 
     def forward_f32(self, x):
         """float32 [..., out]; inputs narrower than in_features are not allowed."""
-        y = jnp.einsum("...i,io->...o", x.astype(jnp.float32), self.w[...].astype(jnp.float32),
-                       precision=_HIGHEST)
+        y = dot_f32("...i,io->...o", x, self.w[...])
         if self.b is not None:
             y = y + self.b[...].astype(jnp.float32)
         return y
