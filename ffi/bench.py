@@ -271,7 +271,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             mma_us = 1e6 * 2 * m * top_k * per_expert_weights / MMA_FLOPS   # useful FLOPs only
             floor_us = max(hbm_us, alu_us, mma_us)
             iters = int(max(8, min(128, 2e4 / max(1, m))))
-            plan = tm.plan_for(m, top_k, w13, down)
+            plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
             row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
                        plan=plan.kind, packing=plan.packing, block_m=plan.block_m,
                        blocks=plan.blocks, touched=touched,

@@ -21,14 +21,19 @@ Pipeline of one MoE layer on the GPU (``moe_gpu``), what is fused and what is no
   5. combine: K-split sum, FC2 output Hadamard, * svh * FC2 row scale, top-k weighted sum in
      fp32 in slot order per token (deterministic, no atomics) (1 launch).
 So 5 CuTe launches per layer plus the XLA route packing: not yet the single cooperative custom
-call of issue #6 (the phases are separate launches instead of grid-barrier phases). With
+call of issue #6 (the phases are separate launches instead of grid-barrier phases). Mixed-bitrate
+experts (``tiers``) keep those 5 launches: one packing over the global expert ids, the glue
+kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
+(its own K and codebook) and pick each block's tier and slot from the expert -> (tier, slot) maps. With
 EXL3_JAX_MOE_FUSED=0 (or expert biases) steps 1, 3 and 5 run as jnp glue around the plain
 Hadamard kernels of ffi/hadamard.py (6 CuTe launches + XLA fusions); kept as a cross-check.
 
 Layout contract (flat row-major, sizes static):
   xw:   uint32 [planes, rows, k/2]             fp16 pairs of the rotated rows
-  tw:   uint32 [planes, E, k/16, n/16, W/2]    the native stacked trellis words
-  bexp: int32  [blocks]                        expert per block, -1 = unused
+  tw:   uint32 [planes, E, k/16, n/16, W/2]    the native stacked trellis words (tiers: one
+                                               such slab per tier, E_t experts, its own W)
+  bexp: int32  [blocks]                        expert per block, -1 (or >= E) = unused
+  etier, eslot: int32 [E]                      tiers only: tier and slot of each global expert
   out:  float32 [splits, planes, rows, n]      partial sums (every element written)
 """
 
@@ -60,6 +65,7 @@ from .trellis_mma import (MmaTiling, fold_warp_partials, load_chunk, mma_chunk,
 PLAN_ENV = "EXL3_JAX_MOE_PLAN"
 FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
 MAX_TOP_K = 32                       # combine: one warp per route slot, <= 1024 threads
+MAX_TIERS = 3                        # expert tiers one grouped launch serves (tw0..tw2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +84,11 @@ class GroupedMmaConfig(MmaTiling):
     warps: int = 8
     splits: int = 1
     unroll: int = 1
+    # Mixed-bitrate experts served by this one launch: ((codebook, K, experts of the tier), ..)
+    # per tier, each tier its own stacked slab (tw0..tw2) and global expert e at slot eslot[e]
+    # of tier etier[e]; () for one slab of ``experts`` experts. With tiers, codebook and K are
+    # tier 0's and ``experts`` is the layer's global E.
+    tiers: tuple = ()
 
     x_layout = "rows"        # xw row-major fp16 pairs (the route-packed rows)
 
@@ -93,11 +104,23 @@ class GroupedMmaConfig(MmaTiling):
     def grid(self) -> tuple[int, int, int]:
         return (self.n16 // self.n_tiles, self.splits, self.planes * self.blocks)
 
+    def tier_config(self, i: int) -> "GroupedMmaConfig":
+        """The single-slab config of tier i (its codebook, K and expert count; same tiling)."""
+        codebook, K, experts = self.tiers[i]
+        return dataclasses.replace(self, codebook=codebook, K=K, experts=experts, tiers=())
+
+    def slab_configs(self) -> list:
+        """One single-slab config per trellis tensor the kernel reads."""
+        return [self.tier_config(i) for i in range(len(self.tiers))] if self.tiers else [self]
+
     def validate(self) -> "GroupedMmaConfig":
         if self.block_m % 8 or not 8 <= self.block_m <= 64:
             raise ValueError(f"block_m {self.block_m} must be a multiple of 8 in [8, 64]")
+        if len(self.tiers) > MAX_TIERS:
+            raise ValueError(f"{len(self.tiers)} tiers; one launch serves at most {MAX_TIERS}")
         self.check_tiling()
-        words = self.planes * self.experts * self.k16 * self.n16 * lane_geometry(self.K).words
+        words = max(c.planes * c.experts * c.k16 * c.n16 * lane_geometry(c.K).words
+                    for c in self.slab_configs())
         if max(words, self.planes * self.rows * self.k // 2,
                self.splits * self.planes * self.rows * self.n) >= 2**31:
             raise ValueError("tensor too large for 32-bit indexing")
@@ -105,32 +128,50 @@ class GroupedMmaConfig(MmaTiling):
 
 
 @cute.kernel
-def _grouped_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor, out: cute.Tensor,
-                        cfg: cutlass.Constexpr):
-    geo = lane_geometry(cfg.K)
+def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2: cute.Tensor,
+                        bexp: cute.Tensor, etier: cute.Tensor, eslot: cute.Tensor,
+                        out: cute.Tensor, cfg: cutlass.Constexpr):
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     plane = bz // cfg.blocks
     blk = bz % cfg.blocks
     expert = Int32(bexp[blk])
-    live = expert >= 0
+    live = (expert >= 0) & (expert < cfg.experts)
     e_safe = cutlass.select_(live, expert, Int32(0))
     tn0 = bx * cfg.n_tiles
     row0 = blk * cfg.block_m
     k0 = by * cfg.k_per_split
-    kw = cfg.k // 2
-    funnels = lane_funnels(geo, lane)
-    # Tile index of (k16 = 0, n16 = tn0) of this plane's expert in the flat tile sequence.
-    tile0 = (plane * cfg.experts + e_safe) * (cfg.k16 * cfg.n16) + tn0
 
     nacc = cfg.acc_regs
     acc = zero_accumulators(cfg)
 
-    x_row_base = (plane * cfg.rows + row0 + lane // 4) * kw + lane % 4
+    x_row_base = (plane * cfg.rows + row0 + lane // 4) * (cfg.k // 2) + lane % 4
     chunk = cfg.warps * cfg.unroll
     k_end = cutlass.select_(live, k0 + cfg.k_per_split, k0)     # unused block: no k steps
-    for c0 in cutlass.range(k0 + warp * cfg.unroll, k_end, chunk):
-        wbuf, bfrag = load_chunk(xw, tw, c0, tile0, x_row_base, funnels, geo, cfg)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+    tile_stride = cfg.k16 * cfg.n16
+    if cutlass.const_expr(not cfg.tiers):
+        geo = lane_geometry(cfg.K)
+        funnels = lane_funnels(geo, lane)
+        # Tile (k16 = 0, n16 = tn0) of this plane's expert in the flat tile sequence.
+        tile0 = (plane * cfg.experts + e_safe) * tile_stride + tn0
+        for c0 in cutlass.range(k0 + warp * cfg.unroll, k_end, chunk):
+            wbuf, bfrag = load_chunk(xw, tw0, c0, tile0, x_row_base, funnels, geo, cfg)
+            mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+    else:
+        # One copy of the k loop per tier (its own K and codebook), behind a branch uniform over
+        # the CTA: a block's expert lives in one tier.
+        tier = Int32(etier[e_safe])
+        slot = Int32(eslot[e_safe])
+        tws = (tw0, tw1, tw2)
+        for i in cutlass.range_constexpr(len(cfg.tiers)):
+            tc = cfg.tier_config(i)
+            if tier == i:
+                geo_t = lane_geometry(tc.K)
+                funnels_t = lane_funnels(geo_t, lane)
+                tile0 = (plane * tc.experts + slot) * tile_stride + tn0
+                for c0 in cutlass.range(k0 + warp * cfg.unroll, k_end, chunk):
+                    wbuf, bfrag = load_chunk(xw, tws[i], c0, tile0, x_row_base, funnels_t,
+                                             geo_t, tc)
+                    mma_chunk(wbuf, bfrag, acc, funnels_t, geo_t, tc)
 
     red = fold_warp_partials(acc, warp, lane, cfg)
     out_row0 = (by * cfg.planes + plane) * cfg.rows + row0
@@ -143,10 +184,13 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor, out
 
 
 @cute.jit
-def launch_grouped_mma(stream, xw: cute.Tensor, tw: cute.Tensor, bexp: cute.Tensor,
-                       out: cute.Tensor, cfg: cutlass.Constexpr):
-    _grouped_mma_kernel(xw, tw, bexp, out, cfg).launch(grid=cfg.grid, block=(cfg.threads, 1, 1),
-                                                       stream=stream)
+def launch_grouped_mma(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor,
+                       tw2: cute.Tensor, bexp: cute.Tensor, etier: cute.Tensor,
+                       eslot: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
+    """cutlass_call entry: one slab passes its trellis as tw0..tw2 and bexp as etier / eslot
+    (never read); tiers pass their slabs (the last repeated) and the expert -> tier, slot maps."""
+    _grouped_mma_kernel(xw, tw0, tw1, tw2, bexp, etier, eslot, out, cfg).launch(
+        grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,42 +408,68 @@ def launch_combine(stream, part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tens
 # JAX side
 
 
-def grouped_config(weight: Exl3Weight, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
-    """Config for a stacked weight [E] (planes 1) or [2, E] (planes 2)."""
-    stack = weight.stack_shape
+def _slabs(weights) -> list:
+    """An Exl3Weight (one slab) or a sequence of tier slabs, as a list."""
+    return [weights] if isinstance(weights, Exl3Weight) else list(weights)
+
+
+def grouped_config(weights, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
+    """Config for one stacked weight [E] (planes 1) or [2, E] (planes 2), or a sequence of
+    tier slabs [E_t] / [2, E_t] (one launch for all; plan.experts is the layer's global E)."""
+    slabs = _slabs(weights)
+    w = slabs[0]
+    stack = w.stack_shape
     planes = stack[0] if len(stack) == 2 else 1
-    return GroupedMmaConfig(codebook=weight.codebook, K=weight.K, experts=stack[-1],
-                            planes=planes, k=weight.k, n=weight.n, block_m=plan.block_m,
-                            blocks=plan.blocks, n_tiles=gp.n_tiles, warps=gp.warps,
-                            splits=gp.splits, unroll=gp.unroll).validate()
+    tiers = () if isinstance(weights, Exl3Weight) else tuple(
+        (t.codebook, t.K, t.stack_shape[-1]) for t in slabs)
+    return GroupedMmaConfig(codebook=w.codebook, K=w.K,
+                            experts=plan.experts if tiers else stack[-1], planes=planes,
+                            k=w.k, n=w.n, block_m=plan.block_m, blocks=plan.blocks,
+                            n_tiles=gp.n_tiles, warps=gp.warps, splits=gp.splits,
+                            unroll=gp.unroll, tiers=tiers).validate()
 
 
-def grouped_partials(xw, weight: Exl3Weight, block_expert, cfg: GroupedMmaConfig, out_init=None):
+def grouped_partials(xw, weights, block_expert, cfg: GroupedMmaConfig, out_init=None,
+                     tier_maps=None):
     """The grouped kernel: flat fp32 [splits * planes * rows * n] (see the layout contract).
-    out_init: optional NaN-poisoned buffer written in place (validation)."""
+    weights: the slab, or the tier slabs of cfg.tiers with tier_maps = (expert_tier,
+    expert_slot) int32 [E]. out_init: optional NaN-poisoned buffer written in place
+    (validation)."""
     from cutlass.jax import cutlass_call
 
-    tw = tg.trellis_words(weight.trellis)
+    tws = [tg.trellis_words(w.trellis) for w in _slabs(weights)]
+    tws += tws[-1:] * (MAX_TIERS - len(tws))
     shape = jax.ShapeDtypeStruct((cfg.splits * cfg.planes * cfg.rows * cfg.n,), jnp.float32)
     bexp = jnp.asarray(block_expert, jnp.int32)
+    maps = [jnp.asarray(m, jnp.int32) for m in tier_maps] if cfg.tiers else [bexp, bexp]
+    args = [xw, *tws, bexp, *maps]
     if out_init is None:
         return cutlass_call(launch_grouped_mma, output_shape_dtype=shape, cfg=cfg,
-                            compile_options=tg._cute_options())(xw, tw, bexp)
+                            compile_options=tg._cute_options())(*args)
     return cutlass_call(launch_grouped_mma, output_shape_dtype=shape, cfg=cfg,
-                        input_output_aliases={3: 0},
-                        compile_options=tg._cute_options())(xw, tw, bexp, out_init)
+                        input_output_aliases={len(args): 0},
+                        compile_options=tg._cute_options())(*args, out_init)
 
 
-def supports(w13: Exl3Weight, down: Exl3Weight) -> bool:
-    return (w13.K in supported_rates() and down.K in supported_rates()
-            and len(w13.stack_shape) == 2 and w13.stack_shape[0] == 2
-            and len(down.stack_shape) == 1 and down.stack_shape[0] == w13.stack_shape[1])
+def supports(w13, down) -> bool:
+    """Whether the grouped kernels serve these experts: one w13 slab [2, E] and down [E], or
+    sequences of tier slabs (at most MAX_TIERS, one k and n for all)."""
+    w13s, downs = _slabs(w13), _slabs(down)
+    if not 1 <= len(w13s) == len(downs) <= MAX_TIERS:
+        return False
+    return all(a.K in supported_rates() and b.K in supported_rates()
+               and len(a.stack_shape) == 2 and a.stack_shape[0] == 2
+               and len(b.stack_shape) == 1 and b.stack_shape[0] == a.stack_shape[1]
+               and (a.k, a.n, b.k, b.n) == (w13s[0].k, w13s[0].n, downs[0].k, downs[0].n)
+               for a, b in zip(w13s, downs))
 
 
-def plan_for(tokens: int, top_k: int, w13: Exl3Weight, down: Exl3Weight,
+def plan_for(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
              force: str | None = None) -> MoePlan:
+    """The launch plan of one call (padded hidden / intermediate sizes; experts: the layer's
+    global E); force: a plan kind, else $EXL3_JAX_MOE_PLAN, else auto."""
     force = force or os.environ.get(PLAN_ENV, "auto") or "auto"
-    return moe_plan(tokens, top_k, w13.stack_shape[1], w13.k, w13.n,
+    return moe_plan(tokens, top_k, experts, hidden, inter,
                     kind=None if force == "auto" else force, sms=tg.device_sms())
 
 
@@ -491,9 +561,9 @@ def _rotate_out(part, scale, rows_total: int, splits: int, n: int):
                            splits=splits, n=n)
 
 
-def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
+def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
             plan: MoePlan | str | None = None, poison: bool = False,
-            fused: bool | None = None):
+            fused: bool | None = None, tiers=None):
     """Routed SwiGLU experts on the GPU, route-packed and grouped.
 
     Args:
@@ -501,24 +571,42 @@ def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
       ids: int [T, top_k] local expert ids (-1 or out of range = no expert);
       weights: float [T, top_k].
       w13: Exl3Weight stacked [2, E] (plane 0 gate, plane 1 up); down: Exl3Weight [E].
+        With ``tiers``: sequences of the tiers' slabs, w13[t] [2, E_t], down[t] [E_t].
       x_scale: optional float32 [T, 1]; the true input is x * x_scale.
       plan: a MoePlan, a plan kind, or None (auto / EXL3_JAX_MOE_PLAN).
       poison: kernels write into NaN-filled buffers (validation).
       fused: True: the fused glue kernels (rotate_in, activation, combine: 5 launches);
         False: jnp glue + Hadamard kernels (8 launches); None: $EXL3_JAX_MOE_FUSED (default 1).
         Expert biases always take the unfused glue.
+      tiers: mixed-bitrate experts in one set of launches: (expert_tier, expert_slot int32 [E],
+        glue), global expert e at slot expert_slot[e] of tier expert_tier[e], glue the rotation
+        tables in global expert order (exl3_jax.ops.moe.tier_glue: suh13 [2, E, H], svh13
+        [2, E, I], suh2 [E, I], svh2 [E, H]). Route packing, the glue kernels and each GEMM
+        phase run once for all tiers (fused glue only, no biases).
     Returns:
       float32 [T, down.out_features].
     """
     if not supports(w13, down):
-        raise ValueError(f"no grouped MoE kernel for w13 {w13.stack_shape} K={w13.K}, down "
-                         f"{down.stack_shape} K={down.K}")
+        raise ValueError(f"no grouped MoE kernel for w13 {[w.stack_shape for w in _slabs(w13)]} "
+                         f"K={[w.K for w in _slabs(w13)]}, down "
+                         f"{[w.stack_shape for w in _slabs(down)]} K={[w.K for w in _slabs(down)]}")
+    if (tiers is None) != isinstance(w13, Exl3Weight):
+        raise ValueError("tier slabs (sequences of w13 / down) need tiers=(expert_tier, "
+                         "expert_slot, glue), and tiers need sequences")
     T = x.shape[0]
     top_k = ids.shape[1]
-    E = w13.stack_shape[1]
-    H, I = w13.k, w13.n
+    w0, d0 = _slabs(w13)[0], _slabs(down)[0]
+    if tiers is None:
+        E = w0.stack_shape[1]
+        suh13, svh13, suh2, svh2 = w13.suh, w13.svh, down.suh, down.svh
+        tier_maps = None
+    else:
+        expert_tier, expert_slot, (suh13, svh13, suh2, svh2) = tiers
+        E = int(jnp.shape(expert_tier)[0])
+        tier_maps = (expert_tier, expert_slot)
+    H, I = w0.k, w0.n
     if not isinstance(plan, MoePlan):
-        plan = plan_for(T, top_k, w13, down, plan)
+        plan = plan_for(T, top_k, E, H, I, plan)
     with jax.named_scope("route_packing"):
         pr = pack_for(ids, E, plan)
     assert pr.blocks == plan.blocks, (pr.blocks, plan.blocks)
@@ -527,19 +615,25 @@ def moe_gpu(x, ids, weights, w13: Exl3Weight, down: Exl3Weight, *, x_scale=None,
 
     if fused is None:
         fused = fused_glue_default()
+    biased = any(w.bias is not None for w in _slabs(w13) + _slabs(down))
     cfg1 = grouped_config(w13, plan.fc1, plan)
     cfg2 = grouped_config(down, plan.fc2, plan)
     init1 = (jnp.full((cfg1.splits * 2 * rows * I,), np.float32(np.nan)) if poison else None)
     init2 = (jnp.full((cfg2.splits * rows * H,), np.float32(np.nan)) if poison else None)
-    if fused and w13.bias is None and down.bias is None:
-        xh, scale1 = rotate_in(x, w13.suh, pr)                 # [2*rows*H], [2*rows]
-        part1 = grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1, init1)
-        xh2, scale2 = activation(part1, scale1, w13.svh, down.suh, pr, x_scale,
+    if tiers is not None and (biased or not fused):
+        raise ValueError("tiers share launches only with the fused glue and no expert biases; "
+                         "run each tier on its own (exl3_jax.ops.moe.moe_tiered does)")
+    if fused and not biased:
+        xh, scale1 = rotate_in(x, suh13, pr)                   # [2*rows*H], [2*rows]
+        part1 = grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1, init1,
+                                 tier_maps)
+        xh2, scale2 = activation(part1, scale1, svh13, suh2, pr, x_scale,
                                  splits=cfg1.splits, inter=I,
-                                 valid_cols=w13.out_features)     # [rows*I], [rows]
-        part2 = grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2, init2)
-        y = combine(part2, scale2, down.svh, pr, weights, splits=cfg2.splits, hidden=H)
-        return y[:, :down.out_features]
+                                 valid_cols=w0.out_features)     # [rows*I], [rows]
+        part2 = grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2, init2,
+                                 tier_maps)
+        y = combine(part2, scale2, svh2, pr, weights, splits=cfg2.splits, hidden=H)
+        return y[:, :d0.out_features]
 
     # FC1: both planes' input rotations, one grouped launch over w13.
     xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)                  # [rows, H]
@@ -587,19 +681,49 @@ __all__ = ["GroupedMmaConfig", "PLAN_ENV", "pack_for", "grouped_config", "groupe
 
 
 def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int,
-               plan: str | None = None, scaled: bool = False, inter_valid: int | None = None):
+               plan: str | None = None, scaled: bool = False, inter_valid: int | None = None,
+               tiers=None):
     """jax.export of moe_gpu for platforms=["cuda"] on flat arrays (x, ids, weights, w13 leaves,
     down leaves); compiles every CuTe kernel of the layer for CUTE_DSL_ARCH. scaled: with an
-    x_scale operand (the bf16 model path); inter_valid: logical I < padded I."""
+    x_scale operand (the bf16 model path); inter_valid: logical I < padded I. tiers: a list of
+    (codebook, K): the E experts dealt round-robin to these tiers and run through
+    ops.moe.moe_tiered (one set of launches; K and codebook unused)."""
     from jax import export
 
     from exl3_jax.format.spec import width_from_rate
 
     from .aot import disabled_checks
 
-    W = width_from_rate(K)
-
     iv = inter_valid or I
+    sds = jax.ShapeDtypeStruct
+    f16 = jnp.float16
+    if tiers:
+        import importlib
+        moe_ops = importlib.import_module("exl3_jax.ops.moe")   # (exl3_jax.ops.moe is the function)
+        expert_tier = np.arange(E, dtype=np.int32) % len(tiers)
+        expert_slot = np.arange(E, dtype=np.int32) // len(tiers)
+        counts = [int((expert_tier == t).sum()) for t in range(len(tiers))]
+
+        def tiered(x, ids, wts, *leaves):
+            slabs = []
+            for t, (cb, Kt) in enumerate(tiers):
+                t13, suh13, svh13, t2, suh2, svh2 = leaves[6 * t:6 * t + 6]
+                slabs.append((Exl3Weight(t13, suh13, svh13, None, cb, Kt, H, iv),
+                              Exl3Weight(t2, suh2, svh2, None, cb, Kt, iv, H)))
+            return moe_ops.moe_tiered(x, ids, wts, slabs, expert_tier, expert_slot,
+                                      backend="gpu")
+
+        args = [sds((tokens, H), jnp.bfloat16), sds((tokens, top_k), jnp.int32),
+                sds((tokens, top_k), jnp.float32)]
+        for (cb, Kt), n in zip(tiers, counts):
+            W = width_from_rate(Kt)
+            args += [sds((2, n, H // 16, I // 16, W), jnp.int16), sds((2, n, H), f16),
+                     sds((2, n, I), f16), sds((n, I // 16, H // 16, W), jnp.int16),
+                     sds((n, I), f16), sds((n, H), f16)]
+        return export.export(jax.jit(tiered), platforms=["cuda"],
+                             disabled_checks=disabled_checks())(*args)
+
+    W = width_from_rate(K)
 
     def fn(x, ids, wts, t13, suh13, svh13, t2, suh2, svh2):
         w13 = Exl3Weight(t13, suh13, svh13, None, codebook, K, H, iv)
@@ -607,8 +731,6 @@ def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int
         scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=1, keepdims=True) if scaled else None
         return moe_gpu(x, ids, wts, w13, down, plan=plan, x_scale=scale)
 
-    sds = jax.ShapeDtypeStruct
-    f16 = jnp.float16
     args = [sds((tokens, H), jnp.bfloat16), sds((tokens, top_k), jnp.int32),
             sds((tokens, top_k), jnp.float32),
             sds((2, E, H // 16, I // 16, W), jnp.int16), sds((2, E, H), f16), sds((2, E, I), f16),
@@ -618,16 +740,22 @@ def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int
 
 
 def _moe_case(case) -> dict:
+    """[codebook, K, tokens, plan, E, H, I, top_k(, scaled, inter_valid)]; a codebook of the
+    form "mcg:3+mul1:4" makes it a tiered layer (one tier per codebook:K, K unused)."""
     codebook, K, tokens, plan, E, H, I, top_k = case[:8]
     scaled, inter_valid = (list(case[8:10]) + [False, None])[:2] if len(case) > 8 else (
         False, None)
+    tiers = None
+    if ":" in codebook:
+        tiers = [(cb, float(k) if "." in k else int(k))
+                 for cb, k in (t.split(":") for t in codebook.split("+"))]
     return dict(codebook=codebook, K=K, tokens=tokens, plan=plan, E=E, H=H, I=I, top_k=top_k,
-                scaled=scaled, inter_valid=inter_valid)
+                scaled=scaled, inter_valid=inter_valid, tiers=tiers)
 
 
 def _export_moe_case(c):
     return export_moe(c["E"], c["H"], c["I"], c["K"], c["codebook"], c["tokens"], c["top_k"],
-                      c["plan"], c["scaled"], c["inter_valid"])
+                      c["plan"], c["scaled"], c["inter_valid"], c["tiers"])
 
 
 if __name__ == "__main__":

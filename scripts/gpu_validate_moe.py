@@ -156,7 +156,7 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
     for m in ms:
         ids, wts = gb.random_topk(m, E, top_k, seed=m)
         x = jnp.asarray(np.random.default_rng(2).standard_normal((m, H)), jnp.bfloat16)
-        plan = tm.plan_for(m, top_k, w13, down)
+        plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
         pr = tm.pack_for(ids, E, plan)
         cfg1, cfg2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2,
                                                                                plan)
@@ -347,15 +347,32 @@ def run_validation(args) -> dict:
         return dict(rows=out, ok=all(r["ok"] for r in out))
 
     def tiers():
-        E, H, I = 8, 512, 256
-        t3, t4 = random_moe(rng, 4, H, I, 3, "mcg"), random_moe(rng, 4, H, I, 4, "mcg")
-        perm = rng.permutation(E)
-        expert_tier = jnp.asarray((perm >= 4).astype(np.int32))
-        expert_slot = jnp.asarray((perm % 4).astype(np.int32))
-        f = jax.jit(lambda x, ids, w, be: moe_ops.moe_tiered(
-            x, ids, w, [t3, t4], expert_tier, expert_slot, backend=be), static_argnums=3)
-        return versus_reference(None, (1, 8, 100), H, 4, E,          # (tiers always runs)
-                                lambda *t: f(*t, "gpu"), lambda *t: f(*t, "packed"), 0.05)
+        """Mixed-bitrate layers, every tier in one set of launches (ops.moe.tiers_share_launches),
+        against the packed reference run tier by tier: K3 / K4 mcg, and three codebooks with a
+        half rate (mcg K3, mul1 K3.5, 3inst K2), experts dealt to the tiers in a random order."""
+        H, I = 512, 256
+        out = {}
+        for name, spec in (("k3_k4_mcg", [("mcg", 3, 4), ("mcg", 4, 4)]),
+                           ("three_codebooks", [("mcg", 3, 3), ("mul1", 3.5, 3),
+                                                ("3inst", 2, 2)])):
+            slabs = [random_moe(rng, n, H, I, K, cb) for cb, K, n in spec]
+            owner = rng.permutation(np.concatenate([np.full(n, t)
+                                                    for t, (_, _, n) in enumerate(spec)]))
+            slot = np.zeros_like(owner)
+            for t in range(len(spec)):
+                slot[owner == t] = np.arange((owner == t).sum())
+            expert_tier, expert_slot = jnp.asarray(owner, jnp.int32), jnp.asarray(slot, jnp.int32)
+            f = jax.jit(lambda x, ids, w, be, slabs=slabs, et=expert_tier, es=expert_slot:
+                        moe_ops.moe_tiered(x, ids, w, slabs, et, es, backend=be),
+                        static_argnums=3)
+            res = versus_reference(None, (1, 8, 100), H, 4, len(owner),   # (tiers always runs)
+                                   lambda *t, f=f: f(*t, "gpu"), lambda *t, f=f: f(*t, "packed"),
+                                   0.05)
+            res["one_set_of_launches"] = bool(moe_ops.tiers_share_launches(slabs))
+            res["ok"] = res["ok"] and res["one_set_of_launches"]
+            out[name] = res
+        out["ok"] = all(v["ok"] for v in out.values())
+        return out
 
     def geometry():
         E, H, I, top_k = 128, 2048, 768, 8
@@ -442,6 +459,21 @@ def run_memcheck() -> int:
             ref = _ref(*jax.device_put((x, ids, w, w13, down), jax.devices("cpu")[0]))
         m = metrics(got, ref)
         log(f"memcheck run moe {plan}: T={T} rel_l2={m['rel']:.3g} nan={m['nan']}")
+        bad += not passes(m)
+    # Three tiers in one set of launches (the tiered grouped kernel), decode and prefill.
+    slabs = [random_moe(rng, n, H, I, K, cb) for cb, K, n in
+             (("mcg", 3, 3), ("mul1", 4, 3), ("3inst", 2, 2))]
+    expert_tier = jnp.asarray([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32)
+    expert_slot = jnp.asarray([0, 0, 0, 1, 1, 1, 2, 2], jnp.int32)
+    for T in (3, 40):
+        x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid=0.1)
+        got = moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend="gpu")
+        with jax.default_device(jax.devices("cpu")[0]):
+            cpu = jax.device_put((x, ids, w, slabs, expert_tier, expert_slot),
+                                 jax.devices("cpu")[0])
+            ref = moe_ops.moe_tiered(*cpu, backend="packed")
+        m = metrics(got, ref)
+        log(f"memcheck run moe tiers: T={T} rel_l2={m['rel']:.3g} nan={m['nan']}")
         bad += not passes(m)
     return 1 if bad else 0
 

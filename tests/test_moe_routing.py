@@ -212,14 +212,24 @@ def emulate_moe_kernels(patch):
     from exl3_jax.ffi import trellis_moe as tm
     calls = []
 
-    def grouped_partials(xw, weight, block_expert, cfg, out_init=None):
+    def grouped_partials(xw, weight, block_expert, cfg, out_init=None, tier_maps=None):
         calls.append(cfg)
         xh = jax.lax.bitcast_convert_type(xw, jnp.float16).reshape(cfg.planes, cfg.blocks,
                                                                    cfg.block_m, cfg.k)
-        trellis = weight.trellis.reshape(cfg.planes, cfg.experts, *weight.trellis.shape[-3:])
-        wh = decode_trellis(trellis, weight.codebook).astype(jnp.float32)   # [P, E, k, n]
-        live = block_expert >= 0
-        wb = wh[:, jnp.maximum(block_expert, 0)]                              # [P, B, k, n]
+        live = (block_expert >= 0) & (block_expert < cfg.experts)
+        e = jnp.where(live, block_expert, 0)
+        slabs = [weight] if not cfg.tiers else list(weight)
+        decoded = []                                    # per slab: [P, E_slab, k, n]
+        for w, c in zip(slabs, cfg.slab_configs()):
+            trellis = w.trellis.reshape(cfg.planes, c.experts, *w.trellis.shape[-3:])
+            decoded.append(decode_trellis(trellis, c.codebook).astype(jnp.float32))
+        if not cfg.tiers:
+            wb = decoded[0][:, e]                                             # [P, B, k, n]
+        else:                       # each block from its expert's tier slab; no tier: zero
+            tier, slot = tier_maps[0][e], tier_maps[1][e]
+            wb = sum(jnp.where((tier == t)[None, :, None, None],
+                               d[:, jnp.where(tier == t, slot, 0)], 0.0)
+                     for t, d in enumerate(decoded))
         ks = cfg.k // cfg.splits
         parts = [jnp.einsum("pbmk,pbkn->pbmn", xh[..., s * ks:(s + 1) * ks].astype(jnp.float32),
                             wb[:, :, s * ks:(s + 1) * ks], precision="highest")
@@ -344,3 +354,53 @@ def test_gpu_glue_keeps_overflowing_rows_finite(rng, emulated_moe_kernels, fused
     assert bool(jnp.all(jnp.isfinite(got)))
     for t in range(3):
         assert rel_err(got[t], ref[t]) < 2e-3, t
+
+
+@needs_cutlass
+@pytest.mark.parametrize("tiers,T,kind", [
+    ((("mcg", 3, 3), ("mul1", 4, 3)), 5, "decode"),
+    ((("mcg", 3, 2), ("3inst", 2, 3), ("mul1", 3.5, 2)), 3, "decode"),
+    pytest.param((("mcg", 3, 3), ("mul1", 4, 3)), 40, "prefill", marks=pytest.mark.slow)])
+def test_mixed_tiers_share_one_set_of_launches(rng, emulated_moe_kernels, tiers, T, kind):
+    """moe_tiered on the GPU path: one route packing and one launch per phase for every tier
+    (2 grouped GEMMs whose configs carry the tiers, 3 glue kernels), against the packed
+    reference run tier by tier; experts of the tiers interleaved in a random global order,
+    some routes invalid, an expert in no tier (a rank's missing expert: exactly zero)."""
+    H, I = 256, 128
+    slabs = [random_moe(rng, n, H, I, K=K, codebook=cb) for cb, K, n in tiers]
+    E = sum(n for *_, n in tiers) + 1                   # the last expert is in no tier
+    owner = np.concatenate([np.full(n, t) for t, (*_, n) in enumerate(tiers)] + [[-1]])
+    rng.shuffle(owner)
+    slot = np.zeros(E, np.int32)
+    for t in range(len(tiers)):
+        slot[owner == t] = np.arange((owner == t).sum())
+    expert_tier, expert_slot = jnp.asarray(owner, jnp.int32), jnp.asarray(slot)
+    x = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
+    ids, w = random_routing(rng, T, 2, E, 0.1)
+    ids = ids.at[0, 0].set(int(np.flatnonzero(owner == -1)[0]))
+    run = jax.jit(lambda x, ids, w: moe_ops.moe_tiered(x, ids, w, slabs, expert_tier,
+                                                       expert_slot, backend="gpu"))
+    got = run(x, ids, w)
+    ref = moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend="packed")
+    assert got.shape == (T, H) and rel_err(got, ref) < 2e-3
+    gemms = [c for c in emulated_moe_kernels if not isinstance(c, str)]
+    assert [(c.planes, c.tiers) for c in gemms] == [(2, tiers), (1, tiers)]
+    assert {c.experts for c in gemms} == {E}
+    assert [c for c in emulated_moe_kernels if isinstance(c, str)] == [
+        "rotate_in", "activation", "combine"]
+    only = jnp.asarray([[int(np.flatnonzero(owner == -1)[0]), -1]], jnp.int32)
+    assert float(jnp.abs(run(x[:1], only, w[:1])).max()) == 0.0
+
+
+def test_tier_glue_orders_the_tables_by_global_expert(rng):
+    H, I = 128, 128
+    slabs = [random_moe(rng, 2, H, I, K=3), random_moe(rng, 1, H, I, K=4)]
+    expert_tier = jnp.asarray([1, 0, -1, 0], jnp.int32)
+    expert_slot = jnp.asarray([0, 1, -1, 0], jnp.int32)
+    suh13, svh13, suh2, svh2 = moe_ops.tier_glue(slabs, expert_tier, expert_slot)
+    for e, (t, s) in enumerate([(1, 0), (0, 1), (0, 0), (0, 0)]):   # no tier: tier 0 slot 0
+        w13, down = slabs[t]
+        np.testing.assert_array_equal(suh13[:, e], w13.suh[:, s])
+        np.testing.assert_array_equal(svh13[:, e], w13.svh[:, s])
+        np.testing.assert_array_equal(suh2[e], down.suh[s])
+        np.testing.assert_array_equal(svh2[e], down.svh[s])

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..ops.moe import (can_stack_w13, combine_experts, expert_tiers, moe, moe_tiered, plane,
-                       stack_w13)
+                       stack_w13, tier_glue)
 from ..trellis import Exl3Weight
 from .linear import dequantize_weight, dot_f32
 
@@ -114,6 +114,12 @@ class TieredExl3Experts(nnx.Module):
         self.tiers = nnx.List([Exl3Experts(*t) for t in tiers])
         self.expert_tier = nnx.data(jnp.asarray(expert_tier, jnp.int32))
         self.expert_slot = nnx.data(jnp.asarray(expert_slot, jnp.int32))
+        # The rotation tables in global expert order, built once (~1% of the experts' bytes)
+        # for the GPU's one-set-of-launches path (ops.moe.tier_glue); None when some tier has
+        # no w13 slab (that layer runs tier by tier).
+        slabs = [(t.w13, t.down) for t in self.tiers]
+        self.glue = nnx.data(None if any(w is None for w, _ in slabs) else
+                             tier_glue(slabs, self.expert_tier, self.expert_slot))
 
     @property
     def num_experts(self) -> int:
@@ -123,7 +129,7 @@ class TieredExl3Experts(nnx.Module):
         """x [T, H] -> float32 [T, H] (routed sum)."""
         return moe_tiered(x, ids, weights, [(t.gate_up, t.down) for t in self.tiers],
                           self.expert_tier, self.expert_slot,
-                          dense=[t.dense for t in self.tiers])
+                          dense=[t.dense for t in self.tiers], glue=self.glue)
 
 
 class PlainExperts(nnx.Module):

@@ -14,8 +14,9 @@ Gate and up that differ in K or codebook cannot share a w13 slab: ``moe`` then t
 (gate, up) pair and runs the all-experts reference.
 
 Mixed bitrates: ``expert_tiers`` groups a layer's experts by (K, codebook) at load, one stack per
-tier plus an expert -> (tier, slot) map; ``moe_tiered`` runs each tier through ``moe`` on the
-routes to its experts and sums the tiers' outputs.
+tier plus an expert -> (tier, slot) map; ``moe_tiered`` runs them on the GPU as one layer (one
+route packing, one launch per phase for all tiers), elsewhere each tier through ``moe`` on the
+routes to its experts, summing the tiers' outputs.
 """
 
 from __future__ import annotations
@@ -267,16 +268,7 @@ def moe(x, ids, weights, w13, down: Exl3Weight, *, x_scale=None, dense=None,
                            backend=linear_backend)
     kind = "reference" if dense is not None else resolve_moe_backend(backend, w13, down)
     if kind == "gpu":
-        from .moe_plans import DEFAULT_CAPACITY
-        T = x.shape[0]
-        if T <= DEFAULT_CAPACITY:
-            return _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale)
-        outs = []                                   # above the capacity: capacity-sized slices
-        for t0 in range(0, T, DEFAULT_CAPACITY):
-            sl = slice(t0, min(T, t0 + DEFAULT_CAPACITY))
-            outs.append(_moe_gpu_bucketed(x[sl], ids[sl], weights[sl], w13, down,
-                                          None if x_scale is None else x_scale[sl]))
-        return jnp.concatenate(outs)
+        return _moe_gpu(x, ids, weights, w13, down, x_scale)
     if kind == "packed":
         return moe_packed_reference(x, ids, weights, w13, down, x_scale=x_scale)
     return moe_experts(x, ids, weights, plane(w13, 0), plane(w13, 1), down, x_scale=x_scale,
@@ -293,7 +285,21 @@ def token_bucket(T: int) -> int:
     return min(DEFAULT_CAPACITY, 1 << (T - 1).bit_length())
 
 
-def _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale):
+def _moe_gpu(x, ids, weights, w13, down, x_scale, tiers=None):
+    """trellis_moe.moe_gpu up to the plans' capacity, above it in capacity-sized slices."""
+    from .moe_plans import DEFAULT_CAPACITY
+    T = x.shape[0]
+    if T <= DEFAULT_CAPACITY:
+        return _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale, tiers)
+    outs = []
+    for t0 in range(0, T, DEFAULT_CAPACITY):
+        sl = slice(t0, min(T, t0 + DEFAULT_CAPACITY))
+        outs.append(_moe_gpu_bucketed(x[sl], ids[sl], weights[sl], w13, down,
+                                      None if x_scale is None else x_scale[sl], tiers))
+    return jnp.concatenate(outs)
+
+
+def _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale, tiers=None):
     """moe_gpu on T rows padded to token_bucket(T) with routeless tokens (ids -1: no rows, an
     exact zero output), result sliced back to T."""
     from ..ffi import trellis_moe
@@ -306,7 +312,7 @@ def _moe_gpu_bucketed(x, ids, weights, w13, down, x_scale):
         weights = jnp.pad(weights, ((0, pad), (0, 0)))
         if x_scale is not None:
             x_scale = jnp.pad(x_scale, ((0, pad), (0, 0)), constant_values=1.0)
-    return trellis_moe.moe_gpu(x, ids, weights, w13, down, x_scale=x_scale)[:T]
+    return trellis_moe.moe_gpu(x, ids, weights, w13, down, x_scale=x_scale, tiers=tiers)[:T]
 
 
 def _select(projection, members: list[int]) -> Exl3Weight:
@@ -357,23 +363,64 @@ def expert_tiers(gate, up, down) -> tuple[list[tuple[Exl3Weight, Exl3Weight, Exl
     return tiers, expert_tier, expert_slot
 
 
+def tier_glue(tiers, expert_tier, expert_slot):
+    """The rotation tables of tiered experts in global expert order, for the glue kernels of
+    one set of launches: (suh13 [2, E, H], svh13 [2, E, I], suh2 [E, I], svh2 [E, H]), expert e
+    taken from slot expert_slot[e] of tier expert_tier[e]. tiers: (w13 [2, E_t], down [E_t])
+    slabs; the maps int32 [E] (may be traced; tier -1: an expert in no tier)."""
+    counts = [w13.stack_shape[1] for w13, _ in tiers]
+    offset = jnp.asarray(np.cumsum([0] + counts[:-1]), jnp.int32)
+    tier = jnp.asarray(expert_tier, jnp.int32)
+    # An expert in no tier (tier -1: held by another rank) gets tier 0's first expert's finite
+    # tables; its blocks decode nothing, so its rows stay exactly zero.
+    order = jnp.where(tier >= 0, offset[jnp.maximum(tier, 0)]
+                      + jnp.asarray(expert_slot, jnp.int32), 0)
+
+    def global_order(vectors, axis):
+        return jnp.take(jnp.concatenate(vectors, axis=axis), order, axis=axis)
+    return (global_order([w.suh for w, _ in tiers], 1), global_order([w.svh for w, _ in tiers], 1),
+            global_order([d.suh for _, d in tiers], 0), global_order([d.svh for _, d in tiers], 0))
+
+
+def tiers_share_launches(tiers) -> bool:
+    """Whether the GPU serves these tiers with one set of launches (trellis_moe.moe_gpu's
+    ``tiers``): [2, E_t] w13 slabs, no biases, one hidden and intermediate size, at most
+    trellis_moe.MAX_TIERS tiers of supported rates."""
+    from ..ffi import trellis_moe
+    if any(not isinstance(w13, Exl3Weight) for w13, _ in tiers):
+        return False
+    w13s, downs = [t[0] for t in tiers], [t[1] for t in tiers]
+    return (all(w.bias is None for w in w13s + downs)
+            and trellis_moe.supports(w13s, downs) and trellis_moe.fused_glue_default())
+
+
 def moe_tiered(x, ids, weights, tiers, expert_tier, expert_slot, *, x_scale=None, dense=None,
-               backend: str | None = None):
+               backend: str | None = None, glue=None):
     """Mixed-bitrate experts: tier t holds (w13, down [E_t]) of one layout each, w13 as ``moe``
     takes it (a [2, E_t] slab or a (gate, up) pair); global expert e lives in tier
     expert_tier[e] at slot expert_slot[e] (int32 [E] arrays, may be traced).
 
-    Each tier runs through ``moe`` (its backend choice, EXL3_JAX_MOE_BACKEND included) on the
-    routes to its experts (the others masked to -1: no rows, an exact zero) and the tiers' fp32
-    outputs are summed in tier order. dense: optional per-tier cached dequantized stacks (None
-    for a tier without). Returns float32 [T, out_features]."""
+    On the GPU, tiers that ``tiers_share_launches`` run as one layer: one route packing over the
+    global ids, each phase one launch whose grouped GEMMs pick each block's tier (``glue``: the
+    ``tier_glue`` tables, computed here when not given). Otherwise each tier runs through
+    ``moe`` (its backend choice, EXL3_JAX_MOE_BACKEND included) on the routes to its experts
+    (the others masked to -1: no rows, an exact zero) and the tiers' fp32 outputs are summed in
+    tier order. dense: optional per-tier cached dequantized stacks (None for a tier without).
+    Returns float32 [T, out_features]."""
     ids = jnp.asarray(ids, jnp.int32)
     num_experts = jnp.shape(expert_tier)[0]
+    dense = dense if dense is not None else (None,) * len(tiers)
+    if (all(d is None for d in dense) and isinstance(tiers[0][0], Exl3Weight)
+            and resolve_moe_backend(backend, *tiers[0]) == "gpu"
+            and tiers_share_launches(tiers)):
+        glue = glue if glue is not None else tier_glue(tiers, expert_tier, expert_slot)
+        maps = (jnp.asarray(expert_tier, jnp.int32), jnp.asarray(expert_slot, jnp.int32), glue)
+        return _moe_gpu(x, ids, weights, [t[0] for t in tiers], [t[1] for t in tiers], x_scale,
+                        maps)
     valid = (ids >= 0) & (ids < num_experts)        # others route nowhere (kernels spec 4.2)
     safe = jnp.where(valid, ids, 0)
     tier_of = jnp.asarray(expert_tier, jnp.int32)[safe]                           # [T, k]
     slot_of = jnp.asarray(expert_slot, jnp.int32)[safe]
-    dense = dense if dense is not None else (None,) * len(tiers)
     out = None
     for t, ((w13, down), cached) in enumerate(zip(tiers, dense, strict=True)):
         local = jnp.where(valid & (tier_of == t), slot_of, -1)                    # [T, k]
