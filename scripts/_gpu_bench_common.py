@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,20 @@ def versions() -> dict:
             out[dist] = metadata.version(dist)
         except Exception:
             out[dist] = None
+    return out
+
+
+def hlo_kernels(fn, *args) -> list[str]:
+    """The fusions and custom calls of jit(fn)'s optimized HLO on these arguments, as
+    "fusion:<kind> <shape>" / "custom-call:<target> <shape>" (what a probe compiles to)."""
+    import jax
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*(?:ROOT\s+)?%[\w.\-]+ = (\S+) (fusion|custom-call)\(.*?"
+                     r"(?:kind=(\w+)|custom_call_target=\"([^\"]+)\")", line)
+        if m:
+            out.append(f"{m[2]}:{m[3] or m[4]} {m[1]}")
     return out
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _gpu_bench_common import run_metadata, versions, write_json
+from _gpu_bench_common import hlo_kernels, run_metadata, versions, write_json
 
 from exl3_jax.ffi.bench import loop_overhead_us, time_in_loop
 
@@ -46,18 +45,6 @@ def variants(w64: np.ndarray) -> dict:
         "fp32_out_in": (jnp.asarray(w64.T, f32), lambda x, w: jnp.einsum(
             "ti,oi->to", x.astype(f32), w, precision=hi)),
     }
-
-
-def hlo_kernels(fn, *args) -> list[str]:
-    """The fusions and custom calls of fn's optimized HLO entry, as 'kind shape'."""
-    text = jax.jit(fn).lower(*args).compile().as_text()
-    out = []
-    for line in text.splitlines():
-        m = re.match(r"^\s*(?:ROOT\s+)?%[\w.\-]+ = (\S+) (fusion|custom-call)\(.*?"
-                     r"(?:kind=(\w+)|custom_call_target=\"([^\"]+)\")", line)
-        if m:
-            out.append(f"{m[2]}:{m[3] or m[4]} {m[1]}")
-    return out
 
 
 def main(argv=None) -> int:

@@ -60,3 +60,6 @@ cd scripts
 python3 gpu_e2e_decode.py --cases moe:1:512 --codebook mcg --out $OUT/5_e2e_moe_mcg.json > $L/5_e2e_moe_mcg.log 2>&1
 t "e2e moe rc=$?"; tail -3 $L/5_e2e_moe_mcg.log
 cd $ROOT; tar -czf $OUT/5_logs.tar.gz -C $L .
+
+# ---- call 6: attention softmax variants with a runtime mask
+cd scripts && python3 gpu_attention_probe.py --mask-variants --out $OUT/6_attention_mask_probe.json
