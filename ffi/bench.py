@@ -291,9 +291,10 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                         (x, ids, wts, w13, down), iters=iters, reps=3)
                 except Exception as e:   # noqa: BLE001
                     row["unfused_error"] = f"{type(e).__name__}: {e}"[:300]
-            try:          # the route packing alone (XLA), to see what the glue costs
+            try:          # the route packing alone (XLA; none for per-route plans)
                 row["pack_us"] = 1e6 * time_in_loop(
-                    lambda i: tm.pack_for(i, E, plan).route_row, (ids,), iters=iters, reps=3)
+                    lambda i: tm.kernel_routes(i, E, plan).route_row, (ids,), iters=iters,
+                    reps=3)
             except Exception as e:   # noqa: BLE001
                 row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
             if dense is not None:

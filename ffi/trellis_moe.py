@@ -220,6 +220,7 @@ class GlueConfig(HadamardConfig):
     valid_cols: int = 0    # activation: logical I (columns beyond are zeroed)
     top_k: int = 1
     scaled: bool = False   # activation: x_scale given
+    per_route: int = 0     # per-route packing's block_m: rows derived from the flat ids (0: tables)
 
     @property
     def plane_rows(self) -> int:
@@ -257,15 +258,42 @@ def _abs_max(amax, v):
     return amax
 
 
+def _row_route(cfg, row, rtok, rexp):
+    """(token, expert, live) of packed row ``row``: from the packing's tables (rtok, rexp
+    [rows]), or with ``cfg.per_route`` from the flat ids (rexp [T * top_k]; route r alone in
+    block r, its row r * block_m, the block's other rows padding). Plain Python (trace time)."""
+    if cfg.per_route:
+        r = row // cfg.per_route
+        e = Int32(rexp[r])
+        live = (row % cfg.per_route == 0) & (e >= 0) & (e < cfg.experts)
+        return r // cfg.top_k, e, live
+    tok = Int32(rtok[row])
+    e = Int32(rexp[row])
+    return tok, e, (tok >= 0) & (e >= 0)
+
+
+def _slot_route(cfg, t, j, route_row, rexp):
+    """(whether route slot j of token t is valid, its packed row, its expert; row and expert 0
+    when invalid): from route_row [T * top_k] and rexp [rows], or with ``cfg.per_route`` from
+    the flat ids (rexp). Plain Python (trace time)."""
+    if cfg.per_route:
+        r = t * cfg.top_k + j
+        e = Int32(rexp[r])
+        ok = (e >= 0) & (e < cfg.experts)
+        return (ok, cutlass.select_(ok, r * cfg.per_route, Int32(0)),
+                cutlass.select_(ok, e, Int32(0)))
+    r = Int32(route_row[t * cfg.top_k + j])
+    r0 = cutlass.select_(r >= 0, r, Int32(0))
+    return r >= 0, r0, cutlass.max(Int32(rexp[r0]), Int32(0))
+
+
 @cute.kernel
 def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp: cute.Tensor,
                       out: cute.Tensor, scale: cute.Tensor, cfg: cutlass.Constexpr):
     tid, lane, warp, (bx, _, _) = cta_thread_ids()
     plane = bx // cfg.plane_rows
     row = bx % cfg.plane_rows
-    tok = Int32(rtok[row])
-    e = Int32(rexp[row])
-    live = (tok >= 0) & (e >= 0)
+    tok, e, live = _row_route(cfg, row, rtok, rexp)
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
     src = cutlass.select_(live, tok, Int32(0)) * cfg.width + 4 * lane
     srow = (plane * cfg.experts + cutlass.select_(live, e, Int32(0))) * cfg.width + 4 * lane
@@ -299,9 +327,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
                        xscale: cute.Tensor, out: cute.Tensor, scale2: cute.Tensor,
                        cfg: cutlass.Constexpr):
     tid, lane, warp, (row, _, _) = cta_thread_ids()
-    tok = Int32(rtok[row])
-    e = Int32(rexp[row])
-    live = (tok >= 0) & (e >= 0)
+    tok, e, live = _row_route(cfg, row, rtok, rexp)
     e0 = cutlass.select_(live, e, Int32(0))
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
     # FC1's row scales (gate plane, up plane) and the optional caller's x_scale.
@@ -358,10 +384,8 @@ def _combine_kernel(part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
     # a token's sum has a fixed order (deterministic, no atomics).
     tid, lane, j, (bx, _, _) = cta_thread_ids()
     t, col = block_row_col(bx, cfg.width, lane)
-    r = Int32(route_row[t * cfg.top_k + j])
-    r0 = cutlass.select_(r >= 0, r, Int32(0))
-    e0 = cutlass.max(Int32(rexp[r0]), Int32(0))
-    w = (cutlass.select_(r >= 0, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
+    ok, r0, e0 = _slot_route(cfg, t, j, route_row, rexp)
+    w = (cutlass.select_(ok, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
          * Float32(scale2[r0]))                                   # * FC2 input row scale
     v = _split_sum4(part, lambda s: (s * cfg.part_rows + r0) * cfg.width + col, cfg.splits)
     sv = [Float32(svh2[e0 * cfg.width + col + i]) for i in range(4)]
@@ -479,7 +503,73 @@ def _per_row(rows: int, width: int, **fields) -> GlueConfig:
                       per_warp=-(-width // (128 * WARPS)), **fields)
 
 
-def rotate_in(x, suh13, pr: PackedRoutes):
+@dataclasses.dataclass(frozen=True)
+class KernelRoutes:
+    """What the fused MoE kernels read to place routes (not a pytree: built and used inside one
+    traced function). For the sorted packing, the tables of ``pack_routes``; for the per-route
+    packing (route r alone in block r, MoePlan.packing "per_route") only the flat ids, from
+    which the kernels derive each row's token and expert themselves, so the layer has no XLA
+    packing ops at all.
+
+      ids: int32 [T, top_k]; packed: the PackedRoutes of the sorted packing, else None.
+    """
+    ids: jax.Array
+    num_experts: int
+    block_m: int
+    packed: PackedRoutes | None
+
+    @property
+    def per_route(self) -> int:
+        """GlueConfig.per_route: the block size when rows derive from ids, else 0."""
+        return 0 if self.packed is not None else self.block_m
+
+    @property
+    def blocks(self) -> int:
+        return self.packed.blocks if self.packed is not None else int(self.ids.size)
+
+    @property
+    def rows(self) -> int:
+        return self.blocks * self.block_m
+
+    def _flat_ids(self):
+        return self.ids.reshape(-1)
+
+    @property
+    def row_token(self):
+        """rotate_in / activation's rtok: the packing's row_token, or the flat ids (unread)."""
+        return self._flat_ids() if self.packed is None else self.packed.row_token
+
+    @property
+    def row_expert(self):
+        """rexp: the packing's row_expert, or the flat ids."""
+        return self._flat_ids() if self.packed is None else self.packed.row_expert
+
+    @property
+    def block_expert(self):
+        """The grouped GEMM's bexp: the packing's block_expert, or the flat ids (route r is
+        block r; ids outside [0, E) are unused blocks)."""
+        return self._flat_ids() if self.packed is None else self.packed.block_expert
+
+    @property
+    def route_row(self):
+        """combine's route_row, flat: the packing's, or the flat ids (unread)."""
+        return self._flat_ids() if self.packed is None else self.packed.route_row.reshape(-1)
+
+    def as_packed(self) -> PackedRoutes:
+        """The same placement as PackedRoutes (emulations and checks)."""
+        if self.packed is not None:
+            return self.packed
+        return pack_routes_per_route(self.ids, self.num_experts, self.block_m)
+
+
+def kernel_routes(ids, num_experts: int, plan: MoePlan) -> KernelRoutes:
+    """The route placement of ``plan`` for the fused kernels (see KernelRoutes)."""
+    ids = jnp.asarray(ids, jnp.int32)
+    packed = None if plan.packing == "per_route" else pack_for(ids, num_experts, plan)
+    return KernelRoutes(ids, num_experts, plan.block_m, packed)
+
+
+def rotate_in(x, suh13, kr: KernelRoutes):
     """Fused gather + input rotation of both planes: x [T, H] (fp32 / bf16 / fp16, any range)
     -> (flat fp16 [2 * rows * H] = had128(x[token] * suh) / s, row scales s float32
     [2 * rows], plane-major; hadamard.py's fp16 boundary)."""
@@ -487,16 +577,17 @@ def rotate_in(x, suh13, pr: PackedRoutes):
     T, H = x.shape
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         x = x.astype(jnp.float32)
-    cfg = _per_row(2 * pr.rows, H, experts=suh13.shape[1], planes=2)
+    cfg = _per_row(2 * kr.rows, H, experts=suh13.shape[1], planes=2, top_k=kr.ids.shape[1],
+                   per_route=kr.per_route)
     return cutlass_call(launch_rotate_in, cfg=cfg, compile_options=tg._cute_options(),
                         output_shape_dtype=(
-                            jax.ShapeDtypeStruct((2 * pr.rows * H,), jnp.float16),
-                            jax.ShapeDtypeStruct((2 * pr.rows,), jnp.float32)))(
-        x.reshape(-1), jnp.asarray(suh13, jnp.float16).reshape(-1), pr.row_token,
-        pr.row_expert)
+                            jax.ShapeDtypeStruct((2 * kr.rows * H,), jnp.float16),
+                            jax.ShapeDtypeStruct((2 * kr.rows,), jnp.float32)))(
+        x.reshape(-1), jnp.asarray(suh13, jnp.float16).reshape(-1), kr.row_token,
+        kr.row_expert)
 
 
-def activation(part1, scale1, svh13, suh2, pr: PackedRoutes, x_scale, *, splits: int,
+def activation(part1, scale1, svh13, suh2, kr: KernelRoutes, x_scale, *, splits: int,
                inter: int, valid_cols: int):
     """Fused FC1 output rotation, svh, FC1 row scales (rotate_in's scale1, then x_scale),
     SwiGLU, FC2 input rotation: flat fp32 partials [splits * 2 * rows * I] -> (flat fp16
@@ -506,31 +597,31 @@ def activation(part1, scale1, svh13, suh2, pr: PackedRoutes, x_scale, *, splits:
     scaled = x_scale is not None
     xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
               else jnp.ones((1,), jnp.float32))
-    cfg = _per_row(pr.rows, inter, experts=E, splits=splits, valid_cols=valid_cols,
-                   scaled=scaled)
+    cfg = _per_row(kr.rows, inter, experts=E, splits=splits, valid_cols=valid_cols,
+                   scaled=scaled, top_k=kr.ids.shape[1], per_route=kr.per_route)
     return cutlass_call(launch_activation, cfg=cfg, compile_options=tg._cute_options(),
                         output_shape_dtype=(
-                            jax.ShapeDtypeStruct((pr.rows * inter,), jnp.float16),
-                            jax.ShapeDtypeStruct((pr.rows,), jnp.float32)))(
+                            jax.ShapeDtypeStruct((kr.rows * inter,), jnp.float16),
+                            jax.ShapeDtypeStruct((kr.rows,), jnp.float32)))(
         part1, jnp.asarray(svh13, jnp.float16).reshape(-1),
-        jnp.asarray(suh2, jnp.float16).reshape(-1), pr.row_token, pr.row_expert, scale1,
+        jnp.asarray(suh2, jnp.float16).reshape(-1), kr.row_token, kr.row_expert, scale1,
         xscale)
 
 
-def combine(part2, scale2, svh2, pr: PackedRoutes, weights, *, splits: int, hidden: int):
+def combine(part2, scale2, svh2, kr: KernelRoutes, weights, *, splits: int, hidden: int):
     """Fused FC2 output rotation, svh, FC2 row scales (activation's scale2) and fp32 top-k
     sum: flat fp32 partials [splits * rows * H] -> fp32 [T, H]."""
     from cutlass.jax import cutlass_call
-    T, top_k = pr.route_row.shape
+    T, top_k = kr.ids.shape
     if top_k > MAX_TOP_K:
         raise ValueError(f"top_k {top_k} > {MAX_TOP_K}: the combine kernel runs one warp per "
                          f"route slot in a CTA of at most 1024 threads")
     cfg = GlueConfig(rows=T, valid=T, width=hidden, experts=svh2.shape[0], splits=splits,
-                     part_rows=pr.rows, top_k=top_k)
+                     part_rows=kr.rows, top_k=top_k, per_route=kr.per_route)
     y = cutlass_call(launch_combine, cfg=cfg, compile_options=tg._cute_options(),
                      output_shape_dtype=jax.ShapeDtypeStruct((T * hidden,), jnp.float32))(
-        part2, jnp.asarray(svh2, jnp.float16).reshape(-1), pr.row_expert,
-        pr.route_row.reshape(-1), jnp.asarray(weights, jnp.float32).reshape(-1), scale2)
+        part2, jnp.asarray(svh2, jnp.float16).reshape(-1), kr.row_expert, kr.route_row,
+        jnp.asarray(weights, jnp.float32).reshape(-1), scale2)
     return y.reshape(T, hidden)
 
 
@@ -607,10 +698,7 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
     H, I = w0.k, w0.n
     if not isinstance(plan, MoePlan):
         plan = plan_for(T, top_k, E, H, I, plan)
-    with jax.named_scope("route_packing"):
-        pr = pack_for(ids, E, plan)
-    assert pr.blocks == plan.blocks, (pr.blocks, plan.blocks)
-    rows = pr.rows
+    rows = plan.rows
     x = _pad(x, H)
 
     if fused is None:
@@ -624,16 +712,23 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
         raise ValueError("tiers share launches only with the fused glue and no expert biases; "
                          "run each tier on its own (exl3_jax.ops.moe.moe_tiered does)")
     if fused and not biased:
-        xh, scale1 = rotate_in(x, suh13, pr)                   # [2*rows*H], [2*rows]
-        part1 = grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1, init1,
+        with jax.named_scope("route_packing"):         # (per-route plans: nothing to pack)
+            kr = kernel_routes(ids, E, plan)
+        assert kr.blocks == plan.blocks, (kr.blocks, plan.blocks)
+        xh, scale1 = rotate_in(x, suh13, kr)                   # [2*rows*H], [2*rows]
+        part1 = grouped_partials(tg.f16_words(xh), w13, kr.block_expert, cfg1, init1,
                                  tier_maps)
-        xh2, scale2 = activation(part1, scale1, svh13, suh2, pr, x_scale,
+        xh2, scale2 = activation(part1, scale1, svh13, suh2, kr, x_scale,
                                  splits=cfg1.splits, inter=I,
                                  valid_cols=w0.out_features)     # [rows*I], [rows]
-        part2 = grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2, init2,
+        part2 = grouped_partials(tg.f16_words(xh2), down, kr.block_expert, cfg2, init2,
                                  tier_maps)
-        y = combine(part2, scale2, svh2, pr, weights, splits=cfg2.splits, hidden=H)
+        y = combine(part2, scale2, svh2, kr, weights, splits=cfg2.splits, hidden=H)
         return y[:, :d0.out_features]
+
+    with jax.named_scope("route_packing"):
+        pr = pack_for(ids, E, plan)
+    assert pr.blocks == plan.blocks, (pr.blocks, plan.blocks)
 
     # FC1: both planes' input rotations, one grouped launch over w13.
     xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)                  # [rows, H]
@@ -672,8 +767,9 @@ def _pad(x, k: int):
     return x if d == k else jnp.pad(x, ((0, 0), (0, k - d)))
 
 
-__all__ = ["GroupedMmaConfig", "PLAN_ENV", "pack_for", "grouped_config", "grouped_partials",
-           "launch_grouped_mma", "moe_gpu", "plan_for", "supports"]
+__all__ = ["GroupedMmaConfig", "KernelRoutes", "MAX_TIERS", "PLAN_ENV", "grouped_config",
+           "grouped_partials", "kernel_routes", "launch_grouped_mma", "moe_gpu", "pack_for",
+           "plan_for", "supports"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
         ids, wts = gb.random_topk(m, E, top_k, seed=m)
         x = jnp.asarray(np.random.default_rng(2).standard_normal((m, H)), jnp.bfloat16)
         plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
-        pr = tm.pack_for(ids, E, plan)
+        pr = tm.kernel_routes(ids, E, plan)
         cfg1, cfg2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2,
                                                                                plan)
         xh, s1 = tm.rotate_in(x, w13.suh, pr)
@@ -171,7 +171,7 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
                    fc2=vars(plan.fc2))
         try:
             row.update(
-                pack_us=T(lambda i: tm.pack_for(i, E, plan).route_row, ids),
+                pack_us=T(lambda i: tm.kernel_routes(i, E, plan).route_row, ids),
                 rotate_in_us=T(lambda x: tm.rotate_in(x, w13.suh, pr)[0], x),
                 fc1_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), w13, pr.block_expert,
                                                        cfg1), xh),
@@ -460,6 +460,15 @@ def run_memcheck() -> int:
         m = metrics(got, ref)
         log(f"memcheck run moe {plan}: T={T} rel_l2={m['rel']:.3g} nan={m['nan']}")
         bad += not passes(m)
+    # A per-route decode plan (kernels derive rows from the ids): 2 tokens x top-2 over 64.
+    w13p, downp = random_moe(rng, 64, H, 256, 3, "mul1")
+    x, ids, w = draw_tokens(rng, 2, H, top_k, 64, invalid=0.25)
+    got = _gpu(x, ids, w, w13p, downp, plan="decode")
+    with jax.default_device(jax.devices("cpu")[0]):
+        ref = _ref(*jax.device_put((x, ids, w, w13p, downp), jax.devices("cpu")[0]))
+    m = metrics(got, ref)
+    log(f"memcheck run moe per-route: T=2 rel_l2={m['rel']:.3g} nan={m['nan']}")
+    bad += not passes(m)
     # Three tiers in one set of launches (the tiered grouped kernel), decode and prefill.
     slabs = [random_moe(rng, n, H, I, K, cb) for cb, K, n in
              (("mcg", 3, 3), ("mul1", 4, 3), ("3inst", 2, 2))]

@@ -253,8 +253,9 @@ def emulate_moe_kernels(patch):
         xh, s = tg.input_transform(xs, jnp.ones((xs.shape[-1],), jnp.float32))
         return xh, s[:, 0]
 
-    def rotate_in(x, suh13, pr):
+    def rotate_in(x, suh13, kr):
         calls.append("rotate_in")
+        pr = kr.as_packed()
         live = ((pr.row_token >= 0) & (pr.row_expert >= 0))[:, None]
         xr = gather_rows(jnp.asarray(x, jnp.float32), pr.row_token)
         xs = jnp.concatenate([jnp.where(live, xr * gather_expert_rows(suh13[p], pr.row_expert),
@@ -262,8 +263,9 @@ def emulate_moe_kernels(patch):
         xh, s = rows_scaled(xs)
         return xh.reshape(-1), s
 
-    def activation(part1, scale1, svh13, suh2, pr, x_scale, *, splits, inter, valid_cols):
+    def activation(part1, scale1, svh13, suh2, kr, x_scale, *, splits, inter, valid_cols):
         calls.append("activation")
+        pr = kr.as_packed()
         y = hadamard128(part1.reshape(splits, 2, pr.rows, inter).sum(0))
         y = y * jnp.stack([gather_expert_rows(svh13[p], pr.row_expert)
                            for p in range(2)]).astype(jnp.float32)
@@ -276,8 +278,9 @@ def emulate_moe_kernels(patch):
         xh, s = rows_scaled(h)
         return xh.reshape(-1), s
 
-    def combine(part2, scale2, svh2, pr, weights, *, splits, hidden):
+    def combine(part2, scale2, svh2, kr, weights, *, splits, hidden):
         calls.append("combine")
+        pr = kr.as_packed()
         y = hadamard128(part2.reshape(splits, pr.rows, hidden).sum(0))
         y = y * gather_expert_rows(svh2, pr.row_expert).astype(jnp.float32) * scale2[:, None]
         return combine_routes(y, pr.route_row, weights)
@@ -360,6 +363,7 @@ def test_gpu_glue_keeps_overflowing_rows_finite(rng, emulated_moe_kernels, fused
 @pytest.mark.parametrize("tiers,T,kind", [
     ((("mcg", 3, 3), ("mul1", 4, 3)), 5, "decode"),
     ((("mcg", 3, 2), ("3inst", 2, 3), ("mul1", 3.5, 2)), 3, "decode"),
+    ((("mcg", 3, 4), ("mul1", 4, 4)), 1, "decode"),         # per-route plan: ids, no packing
     pytest.param((("mcg", 3, 3), ("mul1", 4, 3)), 40, "prefill", marks=pytest.mark.slow)])
 def test_mixed_tiers_share_one_set_of_launches(rng, emulated_moe_kernels, tiers, T, kind):
     """moe_tiered on the GPU path: one route packing and one launch per phase for every tier
@@ -404,3 +408,29 @@ def test_tier_glue_orders_the_tables_by_global_expert(rng):
         np.testing.assert_array_equal(svh13[:, e], w13.svh[:, s])
         np.testing.assert_array_equal(suh2[e], down.suh[s])
         np.testing.assert_array_equal(svh2[e], down.svh[s])
+
+
+@needs_cutlass
+def test_per_route_plans_hand_the_kernels_the_ids(rng):
+    """A per-route plan packs nothing: the kernels get the flat ids as their tables (and derive
+    rows themselves); as_packed is the per-route packing they must reproduce. A sorted plan
+    hands over pack_routes' tables."""
+    from exl3_jax.ffi import trellis_moe as tm
+    ids, _ = random_routing(rng, 2, 4, 64, 0.2)
+    plan = moe_plan(2, 4, 64, 256, 128)
+    assert plan.packing == "per_route"
+    kr = tm.kernel_routes(ids, 64, plan)
+    assert (kr.per_route, kr.rows, kr.blocks) == (8, 8 * 8, 8)
+    jaxpr = jax.make_jaxpr(lambda i: tm.kernel_routes(i, 64, plan).block_expert)(ids)
+    assert {e.primitive.name for e in jaxpr.eqns} <= {"reshape"}     # no packing ops
+    for got, want in ((kr.block_expert, ids.reshape(-1)), (kr.route_row, ids.reshape(-1))):
+        np.testing.assert_array_equal(got, want)
+    ref = pack_routes_per_route(ids, 64, 8)
+    for name in ("row_token", "row_expert", "block_expert", "route_row"):
+        np.testing.assert_array_equal(getattr(kr.as_packed(), name), getattr(ref, name))
+    ids8 = jnp.where(ids < 8, ids, -1)
+    sorted_plan = moe_plan(2, 4, 8, 256, 128)                  # 8 routes over 8 experts
+    ks = tm.kernel_routes(ids8, 8, sorted_plan)
+    assert sorted_plan.packing == "sorted" and ks.per_route == 0
+    np.testing.assert_array_equal(ks.block_expert,
+                                  pack_routes(ids8, 8, ks.block_m).block_expert)
