@@ -63,3 +63,15 @@ cd $ROOT; tar -czf $OUT/5_logs.tar.gz -C $L .
 
 # ---- call 6: attention softmax variants with a runtime mask
 cd scripts && python3 gpu_attention_probe.py --mask-variants --out $OUT/6_attention_mask_probe.json
+
+# ---- call 7: per-route plans derive rows in the kernels: MoE validation, memcheck, e2e Qwen3 b1, bench moe qwen3 m=1,2
+python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 60 --out $OUT/7_moe_validate.json > $L/7_moe_validate.log 2>&1
+t "moe validate rc=$?"; grep SUMMARY $L/7_moe_validate.log | tail -1 | cut -c1-420
+XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate_moe.py --memcheck > $L/7_memcheck_moe.log 2>&1
+echo "memcheck moe rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $L/7_memcheck_moe.log | tr '\n' ' ')" | tee $OUT/7_memcheck_moe_summary.txt
+t "memcheck done"
+(cd scripts && python3 gpu_e2e_decode.py --cases moe:1:512 --codebook mcg --out $OUT/7_e2e_moe_mcg.json > $L/7_e2e_moe_mcg.log 2>&1; echo "e2e rc=$?"; tail -2 $L/7_e2e_moe_mcg.log)
+t "e2e done"
+timeout 60 exl3-jax bench moe --geometries qwen3-30b-a3b,glm-5.2-tp4 --m 1,2 --budget-s 40 --out $OUT/7_bench_moe.json > $L/7_bench_moe.log 2>&1
+t "bench moe rc=$?"; grep -v Warning $L/7_bench_moe.log | grep "m=" | cut -c1-200
+tar -czf $OUT/7_logs.tar.gz -C $L .
