@@ -10,7 +10,8 @@ produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense k
 (ffi/trellis_mma.py); only the block -> expert lookup, the plane axis and the output rows differ.
 
 Pipeline of one MoE layer on the GPU (``moe_gpu``), what is fused and what is not:
-  0. route packing (XLA: exl3_jax.ops.moe_routing.pack_routes, a few fusions; no kernel);
+  0. route packing (XLA: exl3_jax.ops.moe_routing.pack_routes, a few fusions; no kernel); none
+     for per-route plans, whose kernels derive every row from the flat ids (KernelRoutes);
   1. rotate_in: gather of each packed row's token, * suh of its expert (gate and up planes),
      the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch);
   2. FC1: gate and up grouped GEMM over w13 in one launch;
