@@ -25,7 +25,8 @@ So 5 CuTe launches per layer plus the XLA route packing: not yet the single coop
 call of issue #6 (the phases are separate launches instead of grid-barrier phases). Mixed-bitrate
 experts (``tiers``) keep those 5 launches: one packing over the global expert ids, the glue
 kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
-(its own K and codebook) and pick each block's tier and slot from the expert -> (tier, slot) maps. With
+(its own K and codebook) and pick each block's tier and slot from the expert -> (tier, slot)
+maps. With
 EXL3_JAX_MOE_FUSED=0 (or expert biases) steps 1, 3 and 5 run as jnp glue around the plain
 Hadamard kernels of ffi/hadamard.py (6 CuTe launches + XLA fusions); kept as a cross-check.
 

@@ -78,8 +78,9 @@ def main(argv=None) -> int:
                 print(row, flush=True)
                 rows.append(row)
     write_json(a.out, dict(benchmark="MoE router logits variants",
-                           meta=run_metadata(__file__, argv), versions=versions(), loop_note="us = loop time minus the loop's own "
-                           "per-call cost (x + 0 * c, one element read)", rows=rows))
+                           meta=run_metadata(__file__, argv), versions=versions(),
+                           loop_note="us = loop time minus the loop's own per-call cost "
+                           "(x + 0 * c, one element read)", rows=rows))
     return 0
 
 
