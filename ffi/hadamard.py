@@ -195,7 +195,7 @@ def cta_max(v, warp):
     every thread of the CTA must reach it."""
     for b in range(5):
         v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1 << b))
-    smem = cutlass.utils.SmemAllocator()
+    smem = cutlass.memory.SmemAllocator()
     red = smem.allocate_tensor(Float32, cute.make_layout(WARPS), 16)
     red[warp] = v
     cute.arch.sync_threads()

@@ -199,28 +199,93 @@ def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16=None):
         registers (two ALU ops per register).
     Returns (wbuf [unroll * n_tiles], bfrag [unroll * m_groups] of per-MMA (b0, b1) pairs).
     Shared by the dense and the grouped (MoE) kernels; plain Python, inlined at trace time."""
-    kw = cfg.x_k16 * 8
-    n16 = cfg.n16 if n16 is None else n16
     wbuf = []
     bfrag = []
     for u in range(cfg.unroll):
-        kt = c0 + u
-        for j in range(cfg.n_tiles):
-            wbuf.append(load_tile_words(tw, (kt * n16 + tile0 + j) * geo.words, funnels, geo))
-        for g in range(cfg.m_groups):
-            if cfg.x_layout == "fragments":
-                w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * 32
-                regs = [xw[w0 + 32 * i] for i in range(B_REGS)]
-                bfrag.append(((regs[0], regs[1]), (regs[2], regs[3])))
-                continue
-            base = x_base + g * 8 * kw + kt * 8
-            b0, b1 = xw[base], xw[base + 4]
-            if cfg.split_pairs:
-                bfrag.append(((b0 & Uint32(0xFFFF), b1 & Uint32(0xFFFF)),
-                              (b0 >> Uint32(16), b1 >> Uint32(16))))
-            else:
-                bfrag.append(((b0, b1),))
+        wbuf += _tile_row_words(tw, c0 + u, tile0, funnels, geo, cfg, n16)
+        bfrag += fragments_of_words(_row_words(xw, c0 + u, x_base, cfg), cfg)
     return wbuf, bfrag
+
+
+def load_chunk_weights(tw, c0, tile0, funnels, geo, cfg, n16=None):
+    """load_chunk's weight words alone (wbuf): issued before a programmatic-dependent kernel
+    waits for its activations, since the weights are the layer's own."""
+    return [w for u in range(cfg.unroll)
+            for w in _tile_row_words(tw, c0 + u, tile0, funnels, geo, cfg, n16)]
+
+
+def load_chunk_x_words(xw, c0, x_base, cfg, keep=None):
+    """load_chunk's activation words alone, raw (fragments_of_words makes bfrag of them);
+    keep: a predicate, False zeroes every word (a chunk this warp does not own adds 0)."""
+    words = [w for u in range(cfg.unroll) for w in _row_words(xw, c0 + u, x_base, cfg)]
+    if keep is not None:
+        words = [cutlass.select_(keep, w, Uint32(0)) for w in words]
+    return words
+
+
+def fragments_of_words(words, cfg):
+    """bfrag (see load_chunk) of the raw words of load_chunk_x_words."""
+    per = B_REGS if cfg.x_layout == "fragments" else 2
+    out = []
+    for i in range(0, len(words), per):
+        w = words[i:i + per]
+        if cfg.x_layout == "fragments":
+            out.append(((w[0], w[1]), (w[2], w[3])))
+        elif cfg.split_pairs:
+            out.append(((w[0] & Uint32(0xFFFF), w[1] & Uint32(0xFFFF)),
+                        (w[0] >> Uint32(16), w[1] >> Uint32(16))))
+        else:
+            out.append(((w[0], w[1]),))
+    return out
+
+
+def chunk_registers(geo, cfg):
+    """Register tensors (wreg, xreg) that hold one chunk's loads (weight words, raw activation
+    words) across iterations of a dynamic k loop, so the loop can issue chunk c + 1's loads
+    before decoding chunk c (software pipelining: the loads' latency overlaps the decode and
+    the MMAs). Tensors, not Python objects: the DSL carries them through the loop."""
+    nw = cfg.unroll * cfg.n_tiles * geo.groups * 2
+    nx = cfg.unroll * cfg.m_groups * (B_REGS if cfg.x_layout == "fragments" else 2)
+    return cute.make_rmem_tensor((nw,), Uint32), cute.make_rmem_tensor((nx,), Uint32)
+
+
+def store_chunk(wreg, xreg, wbuf, xwords):
+    """Hold a chunk's loads (load_chunk_weights, load_chunk_x_words) in chunk_registers."""
+    for i, v in enumerate(v for tile in wbuf for pair in tile for v in pair):
+        wreg[i] = v
+    for i, v in enumerate(xwords):
+        xreg[i] = v
+
+
+def chunk_operands(wreg, xreg, geo, cfg):
+    """(wbuf, bfrag) of the chunk held in chunk_registers, as load_chunk returns them."""
+    g = geo.groups
+    tiles = cfg.unroll * cfg.n_tiles
+    wbuf = [[(wreg[(t * g + q) * 2], wreg[(t * g + q) * 2 + 1]) for q in range(g)]
+            for t in range(tiles)]
+    nx = cfg.unroll * cfg.m_groups * (B_REGS if cfg.x_layout == "fragments" else 2)
+    return wbuf, fragments_of_words([xreg[i] for i in range(nx)], cfg)
+
+
+def _tile_row_words(tw, kt, tile0, funnels, geo, cfg, n16):
+    """Weight words of tiles (kt, tile0 + j), j < n_tiles."""
+    n16 = cfg.n16 if n16 is None else n16
+    return [load_tile_words(tw, (kt * n16 + tile0 + j) * geo.words, funnels, geo)
+            for j in range(cfg.n_tiles)]
+
+
+def _row_words(xw, kt, x_base, cfg):
+    """Raw activation words of k16 step kt for every token group (see load_chunk)."""
+    kw = cfg.x_k16 * 8
+    words = []
+    for g in range(cfg.m_groups):
+        if cfg.x_layout == "fragments":
+            w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * 32
+            words += [xw[w0 + 32 * i] for i in range(B_REGS)]
+        else:
+            base = x_base + g * 8 * kw + kt * 8
+            words += [xw[base], xw[base + 4]]
+    return words
 
 
 def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
@@ -261,7 +326,7 @@ def fold_warp_partials(acc, warp, lane, cfg):
     by ``summed_fragment``. Plain Python inlined at trace time (so plain ``range``:
     the DSL preprocessor does not rewrite helpers)."""
     nacc = cfg.acc_regs
-    smem = cutlass.utils.SmemAllocator()
+    smem = cutlass.memory.SmemAllocator()
     red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
     for i in range(nacc):
         red[(warp * nacc + i) * 32 + lane] = acc[i]

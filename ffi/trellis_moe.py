@@ -49,7 +49,7 @@ import cutlass.cute as cute
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cutlass import Float16, Float32, Int32
+from cutlass import Float16, Float32, Int32, Uint32
 
 from exl3_jax.ops.moe_plans import MoeGemmPlan, MoePlan, moe_plan
 from exl3_jax.ops.moe_routing import (PackedRoutes, combine_routes, gather_expert_rows,
@@ -61,13 +61,15 @@ from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, lane_funn
 from .hadamard import SCALE as HAD_SCALE
 from .hadamard import WARPS, HadamardConfig, cta_max, power_of_two_inverse, row_scale
 from .trellis_geometry import lane_geometry, supported_rates
-from .trellis_mma import (MmaTiling, fold_warp_partials, load_chunk, mma_chunk,
-                          summed_fragment, zero_accumulators)
+from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_partials,
+                          load_chunk, load_chunk_weights, load_chunk_x_words, mma_chunk,
+                          store_chunk, summed_fragment, zero_accumulators)
 
 PLAN_ENV = "EXL3_JAX_MOE_PLAN"
 FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
 MAX_TOP_K = 32                       # combine: one warp per route slot, <= 1024 threads
 MAX_TIERS = 3                        # expert tiers one grouped launch serves (tw0..tw2)
+PDL_ENV = "EXL3_JAX_MOE_PDL"         # "0": the layer's kernels as ordinary stream-ordered launches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +136,7 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
                         bexp: cute.Tensor, etier: cute.Tensor, eslot: cute.Tensor,
                         out: cute.Tensor, cfg: cutlass.Constexpr):
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
+    cute.arch.griddepcontrol_launch_dependents()      # see _chain_wait
     plane = bz // cfg.blocks
     blk = bz % cfg.blocks
     expert = Int32(bexp[blk])
@@ -155,14 +158,33 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
         funnels = lane_funnels(geo, lane)
         # Tile (k16 = 0, n16 = tn0) of this plane's expert in the flat tile sequence.
         tile0 = (plane * cfg.experts + e_safe) * tile_stride + tn0
-        for c0 in cutlass.range(k0 + warp * cfg.unroll, k_end, chunk):
-            wbuf, bfrag = load_chunk(xw, tw0, c0, tile0, x_row_base, funnels, geo, cfg)
+        # The warp's first chunk: its weight words are the layer's own, so they are loaded
+        # before the wait for xw (the previous kernel's output) and their latency overlaps
+        # it. A warp without a chunk (unused block, or fewer chunks than warps) loads an
+        # in-bounds chunk and multiplies it by zero fragments: it adds exactly 0.
+        # The loop is software-pipelined: chunk c + 1's loads are issued before chunk c is
+        # decoded, so at most one memory latency per warp is exposed, not one per chunk.
+        c_first = k0 + warp * cfg.unroll
+        c_safe = cutlass.min(c_first, cfg.k16 - cfg.unroll)
+        wreg, xreg = chunk_registers(geo, cfg)
+        wfirst = load_chunk_weights(tw0, c_safe, tile0, funnels, geo, cfg)
+        cute.arch.griddepcontrol_wait()
+        store_chunk(wreg, xreg, wfirst,
+                    load_chunk_x_words(xw, c_safe, x_row_base, cfg, keep=c_first < k_end))
+        for c0 in cutlass.range(c_first + chunk, k_end, chunk):
+            wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
+            xnext = load_chunk_x_words(xw, c0, x_row_base, cfg)
+            wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
             mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+            store_chunk(wreg, xreg, wnext, xnext)
+        wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
     else:
-        # One copy of the k loop per tier (its own K and codebook), behind a branch uniform over
-        # the CTA: a block's expert lives in one tier.
         tier = Int32(etier[e_safe])
         slot = Int32(eslot[e_safe])
+        cute.arch.griddepcontrol_wait()               # xw: the previous kernel's output
+        # One copy of the k loop per tier (its own K and codebook), behind a branch uniform over
+        # the CTA: a block's expert lives in one tier.
         tws = (tw0, tw1, tw2)
         for i in cutlass.range_constexpr(len(cfg.tiers)):
             tc = cfg.tier_config(i)
@@ -293,6 +315,8 @@ def _slot_route(cfg, t, j, route_row, rexp):
 def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp: cute.Tensor,
                       out: cute.Tensor, scale: cute.Tensor, cfg: cutlass.Constexpr):
     tid, lane, warp, (bx, _, _) = cta_thread_ids()
+    cute.arch.griddepcontrol_launch_dependents()
+    cute.arch.griddepcontrol_wait()            # the layer's first kernel: a no-op in practice
     plane = bx // cfg.plane_rows
     row = bx % cfg.plane_rows
     tok, e, live = _row_route(cfg, row, rtok, rexp)
@@ -329,15 +353,26 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
                        xscale: cute.Tensor, out: cute.Tensor, scale2: cute.Tensor,
                        cfg: cutlass.Constexpr):
     tid, lane, warp, (row, _, _) = cta_thread_ids()
+    cute.arch.griddepcontrol_launch_dependents()
     tok, e, live = _row_route(cfg, row, rtok, rexp)
     e0 = cutlass.select_(live, e, Int32(0))
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
+    blocks = _row_blocks(cfg, warp)
+    # The layer's own tables first (gate / up svh, down suh), then the chain wait, then what
+    # FC1 and rotate_in wrote (partials, row scales).
+    svs = []
+    suhs = []
+    for b in cutlass.range_constexpr(cfg.per_warp):
+        col = blocks[b][1] + 4 * lane
+        svs.append([[Float32(svh13[(p * cfg.experts + e0) * cfg.width + col + i])
+                     for i in range(4)] for p in range(2)])
+        suhs.append([Float32(suh2[e0 * cfg.width + col + i]) for i in range(4)])
+    cute.arch.griddepcontrol_wait()
     # FC1's row scales (gate plane, up plane) and the optional caller's x_scale.
     rs = [Float32(scale1[p * cfg.rows + row]) for p in range(2)]
     if cutlass.const_expr(cfg.scaled):
         sc = Float32(xscale[cutlass.select_(live, tok, Int32(0))])
         rs = [r * sc for r in rs]
-    blocks = _row_blocks(cfg, warp)
     hs = []
     amax = Float32(0.0)
     for b in cutlass.range_constexpr(cfg.per_warp):
@@ -347,9 +382,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
             v = _split_sum4(part, lambda s: ((s * 2 + p) * cfg.rows + row) * cfg.width + col,
                             cfg.splits)
             v = hadamard128_lane(v, lane)
-            srow = (p * cfg.experts + e0) * cfg.width + col
-            gu.append([v[i] * Float32(HAD_SCALE) * Float32(svh13[srow + i]) * rs[p]
-                       for i in range(4)])
+            gu.append([v[i] * Float32(HAD_SCALE) * svs[b][p][i] * rs[p] for i in range(4)])
         g, u = gu
         h = []
         for i in cutlass.range_constexpr(4):
@@ -357,7 +390,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
             m = keep
             if cutlass.const_expr(cfg.valid_cols < cfg.width):
                 m = cutlass.select_(col + i < cfg.valid_cols, keep, Float32(0.0))
-            h.append(silu * u[i] * m * Float32(suh2[e0 * cfg.width + col + i]))
+            h.append(silu * u[i] * m * suhs[b][i])
         amax = _abs_max(amax, h)
         hs.append(h)
     # FC2's fp16 boundary, as in rotate_in: SwiGLU outputs of outlier tokens reach the
@@ -385,14 +418,16 @@ def _combine_kernel(part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
     # session 11). The slot terms meet in shared memory and warp 0 adds them in slot order, so
     # a token's sum has a fixed order (deterministic, no atomics).
     tid, lane, j, (bx, _, _) = cta_thread_ids()
+    cute.arch.griddepcontrol_launch_dependents()
     t, col = block_row_col(bx, cfg.width, lane)
     ok, r0, e0 = _slot_route(cfg, t, j, route_row, rexp)
-    w = (cutlass.select_(ok, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
-         * Float32(scale2[r0]))                                   # * FC2 input row scale
-    v = _split_sum4(part, lambda s: (s * cfg.part_rows + r0) * cfg.width + col, cfg.splits)
+    w = cutlass.select_(ok, Float32(weights[t * cfg.top_k + j]), Float32(0.0))
     sv = [Float32(svh2[e0 * cfg.width + col + i]) for i in range(4)]
+    cute.arch.griddepcontrol_wait()            # FC2's partials, activation's row scales
+    w = w * Float32(scale2[r0])                                   # * FC2 input row scale
+    v = _split_sum4(part, lambda s: (s * cfg.part_rows + r0) * cfg.width + col, cfg.splits)
     h = hadamard128_lane(v, lane)
-    smem = cutlass.utils.SmemAllocator()
+    smem = cutlass.memory.SmemAllocator()
     terms = smem.allocate_tensor(Float32, cute.make_layout(cfg.top_k * 128), 16)
     for i in cutlass.range_constexpr(4):       # [slot, element i, lane]: conflict-free banks
         terms[(j * 4 + i) * 32 + lane] = w * (h[i] * Float32(HAD_SCALE) * sv[i])
@@ -405,29 +440,52 @@ def _combine_kernel(part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
             out[t * cfg.width + col + i] = acc[i]
 
 
+@dataclasses.dataclass(frozen=True)
+class MoeLayerConfig:
+    """Every compile-time parameter of one MoE layer's custom call: the configs of its five
+    kernels, and whether kernels 2-5 are programmatic dependent launches (pdl)."""
+    rotate: GlueConfig
+    fc1: GroupedMmaConfig
+    act: GlueConfig
+    fc2: GroupedMmaConfig
+    combine: GlueConfig
+    pdl: bool = True
+
+
 @cute.jit
-def launch_rotate_in(stream, x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor,
-                     rexp: cute.Tensor, out: cute.Tensor, scale: cute.Tensor,
+def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tensor,
+                     rexp: cute.Tensor, bexp: cute.Tensor, etier: cute.Tensor,
+                     eslot: cute.Tensor, t13a: cute.Tensor, t13b: cute.Tensor,
+                     t13c: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
+                     xscale: cute.Tensor, t2a: cute.Tensor, t2b: cute.Tensor, t2c: cute.Tensor,
+                     svh2: cute.Tensor, route_row: cute.Tensor, weights: cute.Tensor,
+                     part1: cute.Tensor, part2: cute.Tensor, y: cute.Tensor, xh: cute.Tensor,
+                     scale1: cute.Tensor, xh2: cute.Tensor, scale2: cute.Tensor,
                      cfg: cutlass.Constexpr):
-    _rotate_in_kernel(x, suh, rtok, rexp, out, scale, cfg).launch(
-        grid=cfg.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
-
-
-@cute.jit
-def launch_activation(stream, part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
-                      rtok: cute.Tensor, rexp: cute.Tensor, scale1: cute.Tensor,
-                      xscale: cute.Tensor, out: cute.Tensor, scale2: cute.Tensor,
-                      cfg: cutlass.Constexpr):
-    _activation_kernel(part, svh13, suh2, rtok, rexp, scale1, xscale, out, scale2, cfg).launch(
-        grid=cfg.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
-
-
-@cute.jit
-def launch_combine(stream, part: cute.Tensor, svh2: cute.Tensor, rexp: cute.Tensor,
-                   route_row: cute.Tensor, weights: cute.Tensor, scale2: cute.Tensor,
-                   out: cute.Tensor, cfg: cutlass.Constexpr):
-    _combine_kernel(part, svh2, rexp, route_row, weights, scale2, out, cfg).launch(
-        grid=(cfg.blocks, 1, 1), block=(32 * cfg.top_k, 1, 1), stream=stream)
+    """cutlass_call entry of one MoE layer: its five kernels on the caller's stream, one XLA
+    custom call. Outputs: the GEMM partials part1 and part2 first (cutlass_call hands
+    input-aliased outputs over in their inputs' places, and validation aliases NaN-filled
+    buffers to exactly these two), then y, then the rest of the scratch the kernels hand each
+    other (xh, scale1, xh2, scale2). With cfg.pdl, kernels 2-5 are programmatic dependent launches: each
+    is resident while its predecessor runs, reads the layer's own tables, and waits
+    (griddepcontrol.wait) only before what an earlier kernel wrote; every kernel lets its
+    dependent launch at its own start (launch_dependents), which cannot take an SM slot from
+    its own CTAs (the dependent starts once all of them are resident). The first kernel is an
+    ordinary launch, so nothing starts before the layer's inputs are complete."""
+    _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
+        grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
+    _grouped_mma_kernel(cute.recast_tensor(xh, Uint32), t13a, t13b, t13c, bexp, etier, eslot,
+                        part1, cfg.fc1).launch(
+        grid=cfg.fc1.grid, block=(cfg.fc1.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
+    _activation_kernel(part1, svh13, suh2, rtok, rexp, scale1, xscale, xh2, scale2,
+                       cfg.act).launch(
+        grid=cfg.act.in_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
+    _grouped_mma_kernel(cute.recast_tensor(xh2, Uint32), t2a, t2b, t2c, bexp, etier, eslot,
+                        part2, cfg.fc2).launch(
+        grid=cfg.fc2.grid, block=(cfg.fc2.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
+    _combine_kernel(part2, svh2, rexp, route_row, weights, scale2, y, cfg.combine).launch(
+        grid=(cfg.combine.blocks, 1, 1), block=(32 * cfg.combine.top_k, 1, 1), stream=stream,
+        use_pdl=cfg.pdl)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,60 +629,68 @@ def kernel_routes(ids, num_experts: int, plan: MoePlan) -> KernelRoutes:
     return KernelRoutes(ids, num_experts, plan.block_m, packed)
 
 
-def rotate_in(x, suh13, kr: KernelRoutes):
-    """Fused gather + input rotation of both planes: x [T, H] (fp32 / bf16 / fp16, any range)
-    -> (flat fp16 [2 * rows * H] = had128(x[token] * suh) / s, row scales s float32
-    [2 * rows], plane-major; hadamard.py's fp16 boundary)."""
+def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMmaConfig,
+              cfg2: GroupedMmaConfig, x_scale=None, tier_maps=None, valid_cols: int,
+              poison: bool = False, pdl: bool | None = None):
+    """One MoE layer as one custom call (launch_moe_layer: rotate_in, FC1, activation, FC2,
+    combine; see the kernels' comments for what each computes).
+
+      x: [T, H] fp32 / bf16 / fp16 (any range: the fp16 boundary is inside); kr: the routes;
+      w13, down: the slab (Exl3Weight) or the tier slabs of cfg1.tiers; weights [T, top_k];
+      glue: the rotation tables (suh13 [2, E, H], svh13 [2, E, I], suh2 [E, I], svh2 [E, H]),
+      in global expert order; x_scale: optional float32 [T, 1] (true input x * x_scale);
+      tier_maps: (expert_tier, expert_slot) int32 [E] with tiers; valid_cols: logical I;
+      poison: the GEMM partials are NaN-filled buffers the kernels write in place
+      (validation); pdl: chain kernels 2-5 by programmatic dependent launch (None:
+      $EXL3_JAX_MOE_PDL, default 1).
+    Returns float32 [T, H].
+    """
     from cutlass.jax import cutlass_call
     T, H = x.shape
-    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        x = x.astype(jnp.float32)
-    cfg = _per_row(2 * kr.rows, H, experts=suh13.shape[1], planes=2, top_k=kr.ids.shape[1],
-                   per_route=kr.per_route)
-    return cutlass_call(launch_rotate_in, cfg=cfg, compile_options=tg._cute_options(),
-                        output_shape_dtype=(
-                            jax.ShapeDtypeStruct((2 * kr.rows * H,), jnp.float16),
-                            jax.ShapeDtypeStruct((2 * kr.rows,), jnp.float32)))(
-        x.reshape(-1), jnp.asarray(suh13, jnp.float16).reshape(-1), kr.row_token,
-        kr.row_expert)
-
-
-def activation(part1, scale1, svh13, suh2, kr: KernelRoutes, x_scale, *, splits: int,
-               inter: int, valid_cols: int):
-    """Fused FC1 output rotation, svh, FC1 row scales (rotate_in's scale1, then x_scale),
-    SwiGLU, FC2 input rotation: flat fp32 partials [splits * 2 * rows * I] -> (flat fp16
-    [rows * I] = had128(h * suh2) / s2, row scales s2 float32 [rows])."""
-    from cutlass.jax import cutlass_call
-    E = svh13.shape[1]
-    scaled = x_scale is not None
-    xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
-              else jnp.ones((1,), jnp.float32))
-    cfg = _per_row(kr.rows, inter, experts=E, splits=splits, valid_cols=valid_cols,
-                   scaled=scaled, top_k=kr.ids.shape[1], per_route=kr.per_route)
-    return cutlass_call(launch_activation, cfg=cfg, compile_options=tg._cute_options(),
-                        output_shape_dtype=(
-                            jax.ShapeDtypeStruct((kr.rows * inter,), jnp.float16),
-                            jax.ShapeDtypeStruct((kr.rows,), jnp.float32)))(
-        part1, jnp.asarray(svh13, jnp.float16).reshape(-1),
-        jnp.asarray(suh2, jnp.float16).reshape(-1), kr.row_token, kr.row_expert, scale1,
-        xscale)
-
-
-def combine(part2, scale2, svh2, kr: KernelRoutes, weights, *, splits: int, hidden: int):
-    """Fused FC2 output rotation, svh, FC2 row scales (activation's scale2) and fp32 top-k
-    sum: flat fp32 partials [splits * rows * H] -> fp32 [T, H]."""
-    from cutlass.jax import cutlass_call
-    T, top_k = kr.ids.shape
+    top_k = kr.ids.shape[1]
     if top_k > MAX_TOP_K:
         raise ValueError(f"top_k {top_k} > {MAX_TOP_K}: the combine kernel runs one warp per "
                          f"route slot in a CTA of at most 1024 threads")
-    cfg = GlueConfig(rows=T, valid=T, width=hidden, experts=svh2.shape[0], splits=splits,
-                     part_rows=kr.rows, top_k=top_k, per_route=kr.per_route)
-    y = cutlass_call(launch_combine, cfg=cfg, compile_options=tg._cute_options(),
-                     output_shape_dtype=jax.ShapeDtypeStruct((T * hidden,), jnp.float32))(
-        part2, jnp.asarray(svh2, jnp.float16).reshape(-1), kr.row_expert, kr.route_row,
-        jnp.asarray(weights, jnp.float32).reshape(-1), scale2)
-    return y.reshape(T, hidden)
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    suh13, svh13, suh2, svh2 = (jnp.asarray(t, jnp.float16) for t in glue)
+    E, I = svh13.shape[1], suh2.shape[1]
+    if pdl is None:
+        pdl = (os.environ.get(PDL_ENV, "1") or "1") != "0"
+    scaled = x_scale is not None
+    xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
+              else jnp.ones((1,), jnp.float32))
+    fields = dict(experts=E, top_k=top_k, per_route=kr.per_route)
+    cfg = MoeLayerConfig(
+        rotate=_per_row(2 * kr.rows, H, planes=2, **fields), fc1=cfg1,
+        act=_per_row(kr.rows, I, splits=cfg1.splits, valid_cols=valid_cols, scaled=scaled,
+                     **fields),
+        fc2=cfg2,
+        combine=GlueConfig(rows=T, valid=T, width=H, splits=cfg2.splits, part_rows=kr.rows,
+                           **fields),
+        pdl=bool(pdl))
+    tw13 = [tg.trellis_words(w.trellis) for w in _slabs(w13)]
+    tw13 += tw13[-1:] * (MAX_TIERS - len(tw13))
+    tw2 = [tg.trellis_words(w.trellis) for w in _slabs(down)]
+    tw2 += tw2[-1:] * (MAX_TIERS - len(tw2))
+    bexp = kr.block_expert
+    maps = [jnp.asarray(m, jnp.int32) for m in tier_maps] if cfg1.tiers else [bexp, bexp]
+    args = [x.reshape(-1), suh13.reshape(-1), kr.row_token, kr.row_expert, bexp, *maps, *tw13,
+            svh13.reshape(-1), suh2.reshape(-1), xscale, *tw2, svh2.reshape(-1), kr.route_row,
+            jnp.asarray(weights, jnp.float32).reshape(-1)]
+    sds = jax.ShapeDtypeStruct
+    n1 = cfg1.splits * 2 * kr.rows * I
+    n2 = cfg2.splits * kr.rows * H
+    shapes = (sds((n1,), jnp.float32), sds((n2,), jnp.float32), sds((T * H,), jnp.float32),
+              sds((2 * kr.rows * H,), jnp.float16), sds((2 * kr.rows,), jnp.float32),
+              sds((kr.rows * I,), jnp.float16), sds((kr.rows,), jnp.float32))
+    aliases = {}
+    if poison:
+        aliases = {len(args): 0, len(args) + 1: 1}
+        args += [jnp.full((n1,), np.float32(np.nan)), jnp.full((n2,), np.float32(np.nan))]
+    out = cutlass_call(launch_moe_layer, output_shape_dtype=shapes, cfg=cfg,
+                       input_output_aliases=aliases, compile_options=tg._cute_options())(*args)
+    return out[2].reshape(T, H)
 
 
 def fused_glue_default() -> bool:
@@ -708,8 +774,6 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
     biased = any(w.bias is not None for w in _slabs(w13) + _slabs(down))
     cfg1 = grouped_config(w13, plan.fc1, plan)
     cfg2 = grouped_config(down, plan.fc2, plan)
-    init1 = (jnp.full((cfg1.splits * 2 * rows * I,), np.float32(np.nan)) if poison else None)
-    init2 = (jnp.full((cfg2.splits * rows * H,), np.float32(np.nan)) if poison else None)
     if tiers is not None and (biased or not fused):
         raise ValueError("tiers share launches only with the fused glue and no expert biases; "
                          "run each tier on its own (exl3_jax.ops.moe.moe_tiered does)")
@@ -717,15 +781,9 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
         with jax.named_scope("route_packing"):         # (per-route plans: nothing to pack)
             kr = kernel_routes(ids, E, plan)
         assert kr.blocks == plan.blocks, (kr.blocks, plan.blocks)
-        xh, scale1 = rotate_in(x, suh13, kr)                   # [2*rows*H], [2*rows]
-        part1 = grouped_partials(tg.f16_words(xh), w13, kr.block_expert, cfg1, init1,
-                                 tier_maps)
-        xh2, scale2 = activation(part1, scale1, svh13, suh2, kr, x_scale,
-                                 splits=cfg1.splits, inter=I,
-                                 valid_cols=w0.out_features)     # [rows*I], [rows]
-        part2 = grouped_partials(tg.f16_words(xh2), down, kr.block_expert, cfg2, init2,
-                                 tier_maps)
-        y = combine(part2, scale2, svh2, kr, weights, splits=cfg2.splits, hidden=H)
+        y = moe_layer(x, kr, w13, down, weights, glue=(suh13, svh13, suh2, svh2), cfg1=cfg1,
+                      cfg2=cfg2, x_scale=x_scale, tier_maps=tier_maps,
+                      valid_cols=w0.out_features, poison=poison)
         return y[:, :d0.out_features]
 
     with jax.named_scope("route_packing"):
@@ -737,6 +795,8 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
     suh = jnp.stack([gather_expert_rows(w13.suh[p], pr.row_expert) for p in range(2)])
     xs = (xr[None] * suh.astype(jnp.float32)).reshape(2 * rows, H)              # [2*rows, H]
     xw, scale1 = _rotate_in(xs, 2 * rows)
+    init1 = (jnp.full((cfg1.splits * 2 * rows * I,), np.float32(np.nan)) if poison else None)
+    init2 = (jnp.full((cfg2.splits * rows * H,), np.float32(np.nan)) if poison else None)
     part1 = grouped_partials(xw, w13, pr.block_expert, cfg1, init1)
     y1 = _rotate_out(part1, scale1, 2 * rows, cfg1.splits, I).reshape(2, rows, I)
     svh = jnp.stack([gather_expert_rows(w13.svh[p], pr.row_expert) for p in range(2)])

@@ -140,9 +140,10 @@ def case(rng, E, H, I, K, cb, T, top_k, invalid=0.0, plan=None, x_dtype=jnp.bflo
 
 
 def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
-    """Qwen3-30B-A3B geometry, m = 1 and 8: time of each stage alone (route packing, the three
-    glue kernels, FC1, FC2) and of the whole layer under a few alternative decode plans
-    (n_tiles / warps / splits / unroll of FC1 and FC2), to pick the decode plan."""
+    """Qwen3-30B-A3B geometry, m = 1 and 8: time of route packing, FC1 and FC2 alone, of the
+    whole layer (one custom call) with and without programmatic dependent launch and unfused,
+    and of the layer under a few alternative decode plans (n_tiles / warps / splits / unroll
+    of FC1 and FC2), to pick the decode plan."""
     import dataclasses
 
     from exl3_jax.ffi import bench as gb
@@ -160,29 +161,24 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
         pr = tm.kernel_routes(ids, E, plan)
         cfg1, cfg2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2,
                                                                                plan)
-        xh, s1 = tm.rotate_in(x, w13.suh, pr)
-        p1 = tm.grouped_partials(tg.f16_words(xh), w13, pr.block_expert, cfg1)
-        xh2, s2 = tm.activation(p1, s1, w13.svh, down.suh, pr, None, splits=cfg1.splits,
-                                inter=I, valid_cols=I)
-        p2 = tm.grouped_partials(tg.f16_words(xh2), down, pr.block_expert, cfg2)
+        glue = (w13.suh, w13.svh, down.suh, down.svh)
+        rng = np.random.default_rng(3)
+        xh = jnp.asarray(rng.standard_normal(2 * pr.rows * H), jnp.float16)   # GEMM operands
+        xh2 = jnp.asarray(rng.standard_normal(pr.rows * I), jnp.float16)
         T = lambda f, *a: round(1e6 * gb.time_in_loop(f, a, iters=64, reps=3), 2)  # noqa: E731
         row = dict(m=m, packing=plan.packing, block_m=plan.block_m, blocks=plan.blocks,
-                   fc1=vars(plan.fc1),
-                   fc2=vars(plan.fc2))
+                   fc1=vars(plan.fc1), fc2=vars(plan.fc2))
         try:
             row.update(
                 pack_us=T(lambda i: tm.kernel_routes(i, E, plan).route_row, ids),
-                rotate_in_us=T(lambda x: tm.rotate_in(x, w13.suh, pr)[0], x),
                 fc1_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), w13, pr.block_expert,
                                                        cfg1), xh),
-                activation_us=T(lambda a: tm.activation(a, s1, w13.svh, down.suh, pr, None,
-                                                        splits=cfg1.splits, inter=I,
-                                                        valid_cols=I)[0], p1),
                 fc2_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), down, pr.block_expert,
                                                        cfg2), xh2),
-                combine_us=T(lambda a: tm.combine(a, s2, down.svh, pr, wts, splits=cfg2.splits,
-                                                  hidden=H), p2),
                 layer_us=T(lambda x: tm.moe_gpu(x, ids, wts, w13, down), x),
+                layer_no_pdl_us=T(lambda x: tm.moe_layer(
+                    x, pr, w13, down, wts, glue=glue, cfg1=cfg1, cfg2=cfg2, valid_cols=I,
+                    pdl=False), x),
                 layer_unfused_us=T(lambda x: tm.moe_gpu(x, ids, wts, w13, down, fused=False),
                                    x))
         except Exception as e:  # noqa: BLE001
