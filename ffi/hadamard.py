@@ -188,18 +188,18 @@ def power_of_two_inverse(s, *, loc=None, ip=None) -> Float32:
     return Float32(res)
 
 
-def cta_max(v, warp):
-    """Maximum of the Float32 ``v`` over the CTA's WARPS warps (every thread gets it): butterfly
+def cta_max(v, warp, warps: int = WARPS):
+    """Maximum of the Float32 ``v`` over the CTA's ``warps`` warps (every thread gets it): butterfly
     shuffles in each warp, then one value per warp through shared memory (every lane stores
     the same value: no branch, which plain Python helpers cannot hold). Inlined at trace time;
     every thread of the CTA must reach it."""
     for b in range(5):
         v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=1 << b))
     smem = cutlass.memory.SmemAllocator()
-    red = smem.allocate_tensor(Float32, cute.make_layout(WARPS), 16)
+    red = smem.allocate_tensor(Float32, cute.make_layout(warps), 16)
     red[warp] = v
     cute.arch.sync_threads()
-    for w in range(WARPS):
+    for w in range(warps):
         v = cute.arch.fmax(v, red[w])
     return v
 

@@ -93,6 +93,12 @@ class GroupedMmaConfig(MmaTiling):
     # of tier etier[e]; () for one slab of ``experts`` experts. With tiers, codebook and K are
     # tier 0's and ``experts`` is the layer's global E.
     tiers: tuple = ()
+    # FC1 of a per-route plan (route r alone in block r, its token r // top_k): the kernel
+    # rotates its route's token row itself (rotate_in's arithmetic, into shared memory, and
+    # the row scales), so the layer launches no rotate_in kernel and the rotation's latency
+    # overlaps the first weight loads. One slab, two planes.
+    rotate_in: bool = False
+    top_k: int = 0
 
     x_layout = "rows"        # xw row-major fp16 pairs (the route-packed rows)
 
@@ -120,6 +126,10 @@ class GroupedMmaConfig(MmaTiling):
     def validate(self) -> "GroupedMmaConfig":
         if self.block_m % 8 or not 8 <= self.block_m <= 64:
             raise ValueError(f"block_m {self.block_m} must be a multiple of 8 in [8, 64]")
+        if self.rotate_in and (self.tiers or self.planes != 2 or self.top_k < 1
+                               or self.blocks % self.top_k or self.k % 128):
+            raise ValueError("rotate_in (FC1 of a per-route plan) needs one slab, 2 planes, "
+                             "top_k >= 1 dividing the blocks and k a multiple of 128")
         if len(self.tiers) > MAX_TIERS:
             raise ValueError(f"{len(self.tiers)} tiers; one launch serves at most {MAX_TIERS}")
         self.check_tiling()
@@ -134,9 +144,12 @@ class GroupedMmaConfig(MmaTiling):
 @cute.kernel
 def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2: cute.Tensor,
                         bexp: cute.Tensor, etier: cute.Tensor, eslot: cute.Tensor,
-                        out: cute.Tensor, cfg: cutlass.Constexpr):
+                        out: cute.Tensor, xin: cute.Tensor, suh: cute.Tensor,
+                        scale: cute.Tensor, cfg: cutlass.Constexpr):
+    # xin, suh, scale: with cfg.rotate_in, the layer's x [T, k], suh13 [2, E, k] and the row
+    # scales it writes [2 * rows] (as rotate_in does); otherwise never read.
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
-    cute.arch.griddepcontrol_launch_dependents()      # see _chain_wait
+    cute.arch.griddepcontrol_launch_dependents()      # see launch_moe_layer
     plane = bz // cfg.blocks
     blk = bz % cfg.blocks
     expert = Int32(bexp[blk])
@@ -169,11 +182,51 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
         wreg, xreg = chunk_registers(geo, cfg)
         wfirst = load_chunk_weights(tw0, c_safe, tile0, funnels, geo, cfg)
         cute.arch.griddepcontrol_wait()
+        xsrc = xw
+        x_base = x_row_base
+        row_keep = None
+        if cutlass.const_expr(cfg.rotate_in):
+            # rotate_in's arithmetic for this block's one live row (row 0; rows 1.. are
+            # padding: zero fragments, scale 1), element for element, so the result is
+            # bitwise the separate kernel's: x * suh, the row's power-of-two scale, H128.
+            nb = cfg.k // 128
+            per_warp = -(-nb // cfg.warps)
+            keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
+            src = (blk // cfg.top_k) * cfg.k + 4 * lane
+            srow = (plane * cfg.experts + e_safe) * cfg.k + 4 * lane
+            vals = []
+            for i in cutlass.range_constexpr(per_warp):
+                cb = cutlass.min(i * cfg.warps + warp, nb - 1) * 128
+                vals.append([Float32(xin[src + cb + j]) * Float32(suh[srow + cb + j]) * keep
+                             for j in range(4)])
+            amax = Float32(0.0)
+            for i in cutlass.range_constexpr(per_warp):
+                amax = _abs_max(amax, vals[i])
+            s = row_scale(cta_max(amax, warp, cfg.warps))
+            if (bx == 0) & (by == 0) & (tid < cfg.block_m):
+                scale[plane * cfg.rows + row0 + tid] = cutlass.select_(tid == 0, s,
+                                                                       Float32(1.0))
+            inv = power_of_two_inverse(s)
+            xs = cutlass.memory.SmemAllocator().allocate_tensor(
+                Float16, cute.make_layout(cfg.k), 16)
+            for i in cutlass.range_constexpr(per_warp):
+                if i * cfg.warps + warp < nb:
+                    h = hadamard128_lane([vals[i][j] * inv for j in range(4)], lane)
+                    for j in cutlass.range_constexpr(4):
+                        xs[(i * cfg.warps + warp) * 128 + 4 * lane + j] = Float16(
+                            h[j] * Float32(HAD_SCALE))
+            cute.arch.sync_threads()
+            xsrc = cute.recast_tensor(xs, Uint32)
+            x_base = lane % 4                 # the one row in shared memory
+            row_keep = lane // 4 == 0         # B rows 1..7: padding, zero
+        first_keep = c_first < k_end
+        if cutlass.const_expr(cfg.rotate_in):
+            first_keep = first_keep & row_keep
         store_chunk(wreg, xreg, wfirst,
-                    load_chunk_x_words(xw, c_safe, x_row_base, cfg, keep=c_first < k_end))
+                    load_chunk_x_words(xsrc, c_safe, x_base, cfg, keep=first_keep))
         for c0 in cutlass.range(c_first + chunk, k_end, chunk):
             wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
-            xnext = load_chunk_x_words(xw, c0, x_row_base, cfg)
+            xnext = load_chunk_x_words(xsrc, c0, x_base, cfg, keep=row_keep)
             wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
             mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
             store_chunk(wreg, xreg, wnext, xnext)
@@ -213,7 +266,7 @@ def launch_grouped_mma(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tens
                        eslot: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
     """cutlass_call entry: one slab passes its trellis as tw0..tw2 and bexp as etier / eslot
     (never read); tiers pass their slabs (the last repeated) and the expert -> tier, slot maps."""
-    _grouped_mma_kernel(xw, tw0, tw1, tw2, bexp, etier, eslot, out, cfg).launch(
+    _grouped_mma_kernel(xw, tw0, tw1, tw2, bexp, etier, eslot, out, xw, xw, xw, cfg).launch(
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
@@ -472,16 +525,18 @@ def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tens
     dependent launch at its own start (launch_dependents), which cannot take an SM slot from
     its own CTAs (the dependent starts once all of them are resident). The first kernel is an
     ordinary launch, so nothing starts before the layer's inputs are complete."""
-    _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
-        grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
+    if cutlass.const_expr(not cfg.fc1.rotate_in):
+        _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
+            grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
     _grouped_mma_kernel(cute.recast_tensor(xh, Uint32), t13a, t13b, t13c, bexp, etier, eslot,
-                        part1, cfg.fc1).launch(
-        grid=cfg.fc1.grid, block=(cfg.fc1.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
+                        part1, x, suh13, scale1, cfg.fc1).launch(
+        grid=cfg.fc1.grid, block=(cfg.fc1.threads, 1, 1), stream=stream,
+        use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
     _activation_kernel(part1, svh13, suh2, rtok, rexp, scale1, xscale, xh2, scale2,
                        cfg.act).launch(
         grid=cfg.act.in_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
     _grouped_mma_kernel(cute.recast_tensor(xh2, Uint32), t2a, t2b, t2c, bexp, etier, eslot,
-                        part2, cfg.fc2).launch(
+                        part2, x, suh13, scale2, cfg.fc2).launch(
         grid=cfg.fc2.grid, block=(cfg.fc2.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
     _combine_kernel(part2, svh2, rexp, route_row, weights, scale2, y, cfg.combine).launch(
         grid=(cfg.combine.blocks, 1, 1), block=(32 * cfg.combine.top_k, 1, 1), stream=stream,
@@ -660,6 +715,8 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
     scaled = x_scale is not None
     xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
               else jnp.ones((1,), jnp.float32))
+    if kr.per_route and not cfg1.tiers:       # FC1 rotates its route's row itself
+        cfg1 = dataclasses.replace(cfg1, rotate_in=True, top_k=top_k).validate()
     fields = dict(experts=E, top_k=top_k, per_route=kr.per_route)
     cfg = MoeLayerConfig(
         rotate=_per_row(2 * kr.rows, H, planes=2, **fields), fc1=cfg1,
@@ -681,8 +738,9 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
     sds = jax.ShapeDtypeStruct
     n1 = cfg1.splits * 2 * kr.rows * I
     n2 = cfg2.splits * kr.rows * H
+    nxh = 2 if cfg1.rotate_in else 2 * kr.rows * H      # (FC1 keeps its rotated row on chip)
     shapes = (sds((n1,), jnp.float32), sds((n2,), jnp.float32), sds((T * H,), jnp.float32),
-              sds((2 * kr.rows * H,), jnp.float16), sds((2 * kr.rows,), jnp.float32),
+              sds((nxh,), jnp.float16), sds((2 * kr.rows,), jnp.float32),
               sds((kr.rows * I,), jnp.float16), sds((kr.rows,), jnp.float32))
     aliases = {}
     if poison:

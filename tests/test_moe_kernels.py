@@ -39,6 +39,7 @@ def test_cases_cover_the_plan_parameters():
     plans = [moe_plan(c[2], c[7], c[4], c[5], c[6], kind=c[3]) for c in CASES]
     assert {p.block_m for p in plans} == {8, 16, 32, 48, 64}
     assert {p.kind for p in plans} == {"decode", "prefill"}
+    assert {p.packing for p in plans} == {"per_route", "sorted"}   # per-route: FC1 rotates
     gemms = [g for p in plans for g in (p.fc1, p.fc2)]
     assert any(g.splits > 1 for g in gemms)
     assert {g.unroll for g in gemms} >= {1, 2, 4}

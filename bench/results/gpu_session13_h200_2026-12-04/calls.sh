@@ -51,3 +51,24 @@ XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout
 echo "memcheck moe rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $L/2_memcheck_moe.log | tr '\n' ' ')" | tee $OUT/2_memcheck_moe_summary.txt
 t "memcheck done"
 tar -czf $OUT/2_logs.tar.gz -C $L .
+
+# ---- call 3: per-route plans: FC1 rotates its route row itself (no rotate_in launch)
+python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 70 --out $OUT/3_moe_validate.json > $L/3_moe_validate.log 2>&1
+t "moe validate rc=$?"; grep SUMMARY $L/3_moe_validate.log | tail -1 | cut -c1-700; grep -i "error" $L/3_moe_validate.log | head -5 | cut -c1-400
+python3 -c "
+import sys, json; sys.path.insert(0, 'scripts')
+import gpu_validate_moe as v
+r = v.profile_decode(budget_s=12, ms=(1, 8))
+json.dump(r, open('$OUT/3_profile_layer.json', 'w'), indent=1)
+" > $L/3_profile_layer.log 2>&1
+t "profile layer rc=$?"; grep '"m"' $L/3_profile_layer.log | cut -c1-400
+timeout 150 exl3-jax bench moe --geometries qwen3-30b-a3b,glm-4.5-air,glm-5.2-tp4 --m 1,2,4,8 --budget-s 110 --out $OUT/3_bench_moe.json > $L/3_bench_moe.log 2>&1
+t "bench moe rc=$?"; grep -v Warning $L/3_bench_moe.log | grep "m=" | cut -c1-200
+cd scripts
+python3 gpu_e2e_decode.py --cases moe:1:512,moe:8:64 --codebook mcg --out $OUT/3_e2e_moe_mcg.json > $L/3_e2e_moe_mcg.log 2>&1
+t "e2e moe rc=$?"; tail -3 $L/3_e2e_moe_mcg.log
+cd $ROOT
+XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 170 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate_moe.py --memcheck > $L/3_memcheck_moe.log 2>&1
+echo "memcheck moe rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $L/3_memcheck_moe.log | tr '\n' ' ')" | tee $OUT/3_memcheck_moe_summary.txt
+t "memcheck done"
+tar -czf $OUT/3_logs.tar.gz -C $L .
