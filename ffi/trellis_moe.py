@@ -9,11 +9,15 @@ blocks with expert -1 skip the k loop and write zeros; padding rows are zero in 
 produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense kernel's
 (ffi/trellis_mma.py); only the block -> expert lookup, the plane axis and the output rows differ.
 
-Pipeline of one MoE layer on the GPU (``moe_gpu``), what is fused and what is not:
+Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_layer`` ->
+``launch_moe_layer``) that launches these kernels on the stream:
   0. route packing (XLA: exl3_jax.ops.moe_routing.pack_routes, a few fusions; no kernel); none
      for per-route plans, whose kernels derive every row from the flat ids (KernelRoutes);
   1. rotate_in: gather of each packed row's token, * suh of its expert (gate and up planes),
-     the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch);
+     the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch). Per-route plans (one
+     token, one route per block: decode at few routes per expert) do this inside FC1 instead
+     (GroupedMmaConfig.rotate_in: each FC1 CTA rotates its route's row into shared memory while
+     its first weight words load), so they launch 4 kernels;
   2. FC1: gate and up grouped GEMM over w13 in one launch;
   3. activation: K-split sum, FC1 output Hadamard, * svh * FC1 row scale (* x_scale),
      silu(gate) * up, * down suh, FC2 row scale, FC2 input Hadamard, fp16 (1 launch; the two
@@ -21,12 +25,17 @@ Pipeline of one MoE layer on the GPU (``moe_gpu``), what is fused and what is no
   4. FC2 grouped GEMM (1 launch);
   5. combine: K-split sum, FC2 output Hadamard, * svh * FC2 row scale, top-k weighted sum in
      fp32 in slot order per token (deterministic, no atomics) (1 launch).
-So 5 CuTe launches per layer plus the XLA route packing: not yet the single cooperative custom
-call of issue #6 (the phases are separate launches instead of grid-barrier phases). Mixed-bitrate
-experts (``tiers``) keep those 5 launches: one packing over the global expert ids, the glue
+Kernels 2-5 are programmatic dependent launches (EXL3_JAX_MOE_PDL=0: ordinary launches): each
+loads the layer's own tables (and FC1 / FC2 their first weight chunk) before
+griddepcontrol.wait. Measured on the H200 (bench/NOTES.md, session 13): the launch chaining
+and a software-pipelined k loop changed nothing measurable; rotate_in inside FC1 saved ~3.6 us
+per layer at one token; the activation inside FC2 (each of FC2's n-tile CTAs recomputing it
+after the wait) cost 2-11 us and was not kept. Not built: the persistent cooperative kernel
+with grid barriers of issue #6 (the phases stay separate kernels). Mixed-bitrate
+experts (``tiers``) share the same launches: one packing over the global expert ids, the glue
 kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
 (its own K and codebook) and pick each block's tier and slot from the expert -> (tier, slot)
-maps. With
+maps (tiered layers keep the rotate_in kernel). With
 EXL3_JAX_MOE_FUSED=0 (or expert biases) steps 1, 3 and 5 run as jnp glue around the plain
 Hadamard kernels of ffi/hadamard.py (6 CuTe launches + XLA fusions); kept as a cross-check.
 
@@ -792,7 +801,7 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
       x_scale: optional float32 [T, 1]; the true input is x * x_scale.
       plan: a MoePlan, a plan kind, or None (auto / EXL3_JAX_MOE_PLAN).
       poison: kernels write into NaN-filled buffers (validation).
-      fused: True: the fused glue kernels (rotate_in, activation, combine: 5 launches);
+      fused: True: the fused glue kernels in one custom call (moe_layer: 4-5 launches);
         False: jnp glue + Hadamard kernels (8 launches); None: $EXL3_JAX_MOE_FUSED (default 1).
         Expert biases always take the unfused glue.
       tiers: mixed-bitrate experts in one set of launches: (expert_tier, expert_slot int32 [E],

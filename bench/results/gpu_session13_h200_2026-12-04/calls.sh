@@ -72,3 +72,14 @@ XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout
 echo "memcheck moe rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $L/3_memcheck_moe.log | tr '\n' ' ')" | tee $OUT/3_memcheck_moe_summary.txt
 t "memcheck done"
 tar -czf $OUT/3_logs.tar.gz -C $L .
+
+# ---- call 4: per-route plans: FC2 computes its route row's activation itself (no activation launch)
+python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 60 --out $OUT/4_moe_validate.json > $L/4_moe_validate.log 2>&1
+t "moe validate rc=$?"; grep SUMMARY $L/4_moe_validate.log | tail -1 | cut -c1-420; grep -i "error" $L/4_moe_validate.log | head -3 | cut -c1-300
+timeout 60 exl3-jax bench moe --geometries qwen3-30b-a3b,glm-5.2-tp4 --m 1,2 --budget-s 40 --out $OUT/4_bench_moe.json > $L/4_bench_moe.log 2>&1
+t "bench moe rc=$?"; grep -v Warning $L/4_bench_moe.log | grep "m=" | cut -c1-200
+XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 80 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate_moe.py --memcheck > $L/4_memcheck_moe.log 2>&1
+echo "memcheck moe rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $L/4_memcheck_moe.log | tr '\n' ' ')" | tee $OUT/4_memcheck_moe_summary.txt
+tar -czf $OUT/4_logs.tar.gz -C $L .
+(cd scripts && timeout 70 python3 gpu_e2e_decode.py --cases moe:1:512 --codebook mcg --out $OUT/4_e2e_moe_mcg.json > $L/4_e2e_moe_mcg.log 2>&1; echo "e2e rc=$?"; tail -2 $L/4_e2e_moe_mcg.log)
+t done
