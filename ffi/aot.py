@@ -170,6 +170,32 @@ def cubin_sms(blob: bytes) -> set[int]:
     return sms
 
 
+def cubin_kernels(blob: bytes) -> list[str]:
+    """Kernel names (``.text.<name>`` sections) of the CUDA ELF images embedded in ``blob``, one
+    entry per compiled kernel; CuTe DSL's mangled suffix of operand types is cut at
+    "_tensor" and its "kernel_cutlass_" prefix dropped (e.g. "_rotate_in_kernel")."""
+    names = []
+    i = blob.find(b"\x7fELF")
+    while i >= 0:
+        try:
+            if blob[i + 4] == 2 and struct.unpack_from("<H", blob, i + 18)[0] == 190:
+                shoff = struct.unpack_from("<Q", blob, i + 0x28)[0]
+                entsize, count, strndx = struct.unpack_from("<HHH", blob, i + 0x3A)
+                heads = [struct.unpack_from("<IIQQQQ", blob, i + shoff + j * entsize)
+                         for j in range(count)]
+                strtab = i + heads[strndx][4]
+                for h in heads:
+                    end = blob.index(b"\0", strtab + h[0])
+                    name = blob[strtab + h[0]:end].decode("ascii", "replace")
+                    if name.startswith(".text."):
+                        name = name[len(".text."):].removeprefix("kernel_cutlass_")
+                        names.append(name.split("_tensor")[0])
+        except (struct.error, ValueError, IndexError):
+            pass                                      # not a whole image: skipped
+        i = blob.find(b"\x7fELF", i + 4)
+    return names
+
+
 _REGISTER_LOCK = threading.Lock()
 _registered = False
 
@@ -321,7 +347,8 @@ def lookup_linear(x2, weight, plan, transforms: str, *, jit_ok):
 def check_exports(cases, describe, export) -> int:
     """Compile-only export check: one JSON row per case on stdout (for the tests), with the
     case's fields ``describe(case)`` (a dict), the arch, and ok / custom_call / calls (CuTe
-    custom calls in the module) / sms (cubin SMs) / bytes, or the error; ``export(fields)``
+    custom calls in the module) / sms (cubin SMs) / kernels (cubin_kernels) / bytes, or the
+    error; ``export(fields)``
     returns the jax.export.Exported of the case."""
     arch = configured_arch()
     for case in cases:
@@ -333,7 +360,7 @@ def check_exports(cases, describe, export) -> int:
             blob = exp.mlir_module_serialized
             row.update(ok=True, custom_call=CUSTOM_CALL_PREFIX in text,
                        calls=text.count(CUSTOM_CALL_PREFIX), sms=sorted(cubin_sms(blob)),
-                       bytes=len(exp.serialize()))
+                       kernels=sorted(cubin_kernels(blob)), bytes=len(exp.serialize()))
         except Exception as e:   # noqa: BLE001 -- reported to the test
             row.update(ok=False, error=f"{type(e).__name__}: {e}"[:3000])
         row["seconds"] = round(time.perf_counter() - t0, 2)

@@ -50,8 +50,15 @@ def test_cases_cover_the_plan_parameters():
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_moe_kernels_compile_and_export(arch):
+    glue = ["_activation_kernel", "_combine_kernel", "_grouped_mma_kernel",
+            "_grouped_mma_kernel"]
     for row in check_rows("exl3_jax.ffi.trellis_moe", CASES + TIER_CASES, arch):
         assert row["calls"] == 1, row      # rotate_in, FC1, activation, FC2, combine in one
+        # A single-slab per-route plan rotates inside FC1: no rotate_in kernel in the layer.
+        plan = moe_plan(row["tokens"], row["top_k"], row["E"], row["H"], row["I"],
+                        kind=row["plan"])
+        fused = plan.packing == "per_route" and not row["tiers"]
+        assert row["kernels"] == glue + ([] if fused else ["_rotate_in_kernel"]), row
 
 
 DISPATCH_EXPORT = """
