@@ -159,15 +159,21 @@ def cubin_sms(blob: bytes) -> set[int]:
     The SM sits in e_flags' low byte (older ELF ABI) or its second byte (newer ABI); both
     candidates are returned, so check membership of the expected value and absence of others."""
     sms = set()
+    for i in _cuda_images(blob):
+        flags = struct.unpack_from("<I", blob, i + 48)[0]
+        sms.update({flags & 0xFF, (flags >> 8) & 0xFF})
+    return sms
+
+
+def _cuda_images(blob: bytes):
+    """Offsets in ``blob`` of the embedded CUDA ELF64 images (e_machine 190; at least the
+    header up to e_flags present)."""
     i = blob.find(b"\x7fELF")
     while i >= 0:
-        if i + 52 <= len(blob) and blob[i + 4] == 2:
-            machine = struct.unpack_from("<H", blob, i + 18)[0]
-            flags = struct.unpack_from("<I", blob, i + 48)[0]
-            if machine == 190:
-                sms.update({flags & 0xFF, (flags >> 8) & 0xFF})
+        if (i + 52 <= len(blob) and blob[i + 4] == 2
+                and struct.unpack_from("<H", blob, i + 18)[0] == 190):
+            yield i
         i = blob.find(b"\x7fELF", i + 4)
-    return sms
 
 
 def cubin_kernels(blob: bytes) -> list[str]:
@@ -175,24 +181,21 @@ def cubin_kernels(blob: bytes) -> list[str]:
     entry per compiled kernel; CuTe DSL's mangled suffix of operand types is cut at
     "_tensor" and its "kernel_cutlass_" prefix dropped (e.g. "_rotate_in_kernel")."""
     names = []
-    i = blob.find(b"\x7fELF")
-    while i >= 0:
+    for i in _cuda_images(blob):
         try:
-            if blob[i + 4] == 2 and struct.unpack_from("<H", blob, i + 18)[0] == 190:
-                shoff = struct.unpack_from("<Q", blob, i + 0x28)[0]
-                entsize, count, strndx = struct.unpack_from("<HHH", blob, i + 0x3A)
-                heads = [struct.unpack_from("<IIQQQQ", blob, i + shoff + j * entsize)
-                         for j in range(count)]
-                strtab = i + heads[strndx][4]
-                for h in heads:
-                    end = blob.index(b"\0", strtab + h[0])
-                    name = blob[strtab + h[0]:end].decode("ascii", "replace")
-                    if name.startswith(".text."):
-                        name = name[len(".text."):].removeprefix("kernel_cutlass_")
-                        names.append(name.split("_tensor")[0])
+            shoff = struct.unpack_from("<Q", blob, i + 0x28)[0]
+            entsize, count, strndx = struct.unpack_from("<HHH", blob, i + 0x3A)
+            heads = [struct.unpack_from("<IIQQQQ", blob, i + shoff + j * entsize)
+                     for j in range(count)]
+            strtab = i + heads[strndx][4]
+            for h in heads:
+                end = blob.index(b"\0", strtab + h[0])
+                name = blob[strtab + h[0]:end].decode("ascii", "replace")
+                if name.startswith(".text."):
+                    name = name[len(".text."):].removeprefix("kernel_cutlass_")
+                    names.append(name.split("_tensor")[0])
         except (struct.error, ValueError, IndexError):
             pass                                      # not a whole image: skipped
-        i = blob.find(b"\x7fELF", i + 4)
     return names
 
 
@@ -348,8 +351,7 @@ def check_exports(cases, describe, export) -> int:
     """Compile-only export check: one JSON row per case on stdout (for the tests), with the
     case's fields ``describe(case)`` (a dict), the arch, and ok / custom_call / calls (CuTe
     custom calls in the module) / sms (cubin SMs) / kernels (cubin_kernels) / bytes, or the
-    error; ``export(fields)``
-    returns the jax.export.Exported of the case."""
+    error; ``export(fields)`` returns the jax.export.Exported of the case."""
     arch = configured_arch()
     for case in cases:
         t0 = time.perf_counter()

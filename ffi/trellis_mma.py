@@ -223,9 +223,15 @@ def load_chunk_x_words(xw, c0, x_base, cfg, keep=None):
     return words
 
 
+def _x_words_per_group(cfg) -> int:
+    """Activation words per lane, token group and k16 step: the B fragment's registers, or a
+    row-major word pair."""
+    return B_REGS if cfg.x_layout == "fragments" else 2
+
+
 def fragments_of_words(words, cfg):
     """bfrag (see load_chunk) of the raw words of load_chunk_x_words."""
-    per = B_REGS if cfg.x_layout == "fragments" else 2
+    per = _x_words_per_group(cfg)
     out = []
     for i in range(0, len(words), per):
         w = words[i:i + per]
@@ -245,7 +251,7 @@ def chunk_registers(geo, cfg):
     before decoding chunk c (software pipelining: the loads' latency overlaps the decode and
     the MMAs). Tensors, not Python objects: the DSL carries them through the loop."""
     nw = cfg.unroll * cfg.n_tiles * geo.groups * 2
-    nx = cfg.unroll * cfg.m_groups * (B_REGS if cfg.x_layout == "fragments" else 2)
+    nx = cfg.unroll * cfg.m_groups * _x_words_per_group(cfg)
     return cute.make_rmem_tensor((nw,), Uint32), cute.make_rmem_tensor((nx,), Uint32)
 
 
@@ -263,8 +269,7 @@ def chunk_operands(wreg, xreg, geo, cfg):
     tiles = cfg.unroll * cfg.n_tiles
     wbuf = [[(wreg[(t * g + q) * 2], wreg[(t * g + q) * 2 + 1]) for q in range(g)]
             for t in range(tiles)]
-    nx = cfg.unroll * cfg.m_groups * (B_REGS if cfg.x_layout == "fragments" else 2)
-    return wbuf, fragments_of_words([xreg[i] for i in range(nx)], cfg)
+    return wbuf, fragments_of_words([xreg[i] for i in range(xreg.shape[0])], cfg)
 
 
 def _tile_row_words(tw, kt, tile0, funnels, geo, cfg, n16):

@@ -198,19 +198,11 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             # rotate_in's arithmetic for this block's one live row (row 0; rows 1.. are
             # padding: zero fragments, scale 1), element for element, so the result is
             # bitwise the separate kernel's: x * suh, the row's power-of-two scale, H128.
-            nb = cfg.k // 128
-            per_warp = -(-nb // cfg.warps)
-            keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
-            src = (blk // cfg.top_k) * cfg.k + 4 * lane
-            srow = (plane * cfg.experts + e_safe) * cfg.k + 4 * lane
-            vals = []
-            for i in cutlass.range_constexpr(per_warp):
-                cb = cutlass.min(i * cfg.warps + warp, nb - 1) * 128
-                vals.append([Float32(xin[src + cb + j]) * Float32(suh[srow + cb + j]) * keep
-                             for j in range(4)])
-            amax = Float32(0.0)
-            for i in cutlass.range_constexpr(per_warp):
-                amax = _abs_max(amax, vals[i])
+            blocks = _row_blocks(cfg.k, warp, cfg.warps)
+            vals, amax = _rotation_inputs(
+                xin, suh, (blk // cfg.top_k) * cfg.k + 4 * lane,
+                (plane * cfg.experts + e_safe) * cfg.k + 4 * lane,
+                cutlass.select_(live, Float32(1.0), Float32(0.0)), blocks)
             s = row_scale(cta_max(amax, warp, cfg.warps))
             if (bx == 0) & (by == 0) & (tid < cfg.block_m):
                 scale[plane * cfg.rows + row0 + tid] = cutlass.select_(tid == 0, s,
@@ -218,12 +210,12 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             inv = power_of_two_inverse(s)
             xs = cutlass.memory.SmemAllocator().allocate_tensor(
                 Float16, cute.make_layout(cfg.k), 16)
-            for i in cutlass.range_constexpr(per_warp):
-                if i * cfg.warps + warp < nb:
-                    h = hadamard128_lane([vals[i][j] * inv for j in range(4)], lane)
+            for i in cutlass.range_constexpr(len(blocks)):
+                real, cb = blocks[i]
+                if real:
+                    f16 = _rotated_fp16(vals[i], inv, lane)
                     for j in cutlass.range_constexpr(4):
-                        xs[(i * cfg.warps + warp) * 128 + 4 * lane + j] = Float16(
-                            h[j] * Float32(HAD_SCALE))
+                        xs[cb + 4 * lane + j] = f16[j]
             cute.arch.sync_threads()
             xsrc = cute.recast_tensor(xs, Uint32)
             x_base = lane % 4                 # the one row in shared memory
@@ -323,18 +315,39 @@ def _split_sum4(part, base_of_split, splits: int):
     return v
 
 
-def _row_blocks(cfg, warp):
-    """The 128-column blocks of a row this warp handles in a one-CTA-per-row kernel: for
-    i < cfg.per_warp, (whether block i * WARPS + warp exists, its first column, clamped to the
-    last block so every index is in bounds). A warp past the last block re-computes the last
-    one, which leaves the row max unchanged, and does not store it. Plain Python inlined at
-    trace time."""
-    nb = cfg.width // 128
+def _row_blocks(width: int, warp, warps: int = WARPS):
+    """The 128-column blocks of a row of ``width`` this warp handles when a CTA of ``warps``
+    warps owns the row: for i < ceil(width / (128 * warps)), (whether block i * warps + warp
+    exists, its first column, clamped to the last block so every index is in bounds). A warp
+    past the last block re-computes the last one, which leaves the row max unchanged, and does
+    not store it. Plain Python inlined at trace time."""
+    nb = width // 128
     out = []
-    for i in range(cfg.per_warp):
-        blk = i * WARPS + warp
+    for i in range(-(-nb // warps)):
+        blk = i * warps + warp
         out.append((blk < nb, cutlass.min(blk, nb - 1) * 128))
     return out
+
+
+def _rotation_inputs(x, suh, src, srow, keep, blocks):
+    """(vals, amax): x * suh * keep (fp32) at this lane's 4 columns of each block (x row at
+    ``src``, suh row at ``srow``, both + 4 * lane), every load issued before the first use, and
+    their max |.|. rotate_in's arithmetic, shared by its kernel and FC1's prologue (so both give
+    the same bits). Plain Python inlined at trace time."""
+    vals = [[Float32(x[src + c0 + j]) * Float32(suh[srow + c0 + j]) * keep for j in range(4)]
+            for _, c0 in blocks]
+    amax = Float32(0.0)
+    for v in vals:
+        amax = _abs_max(amax, v)
+    return vals, amax
+
+
+def _rotated_fp16(v, inv, lane):
+    """fp16(H128(v * inv)) of this lane's 4 values (inv: 1 / the row's power-of-two scale):
+    what rotate_in, FC1's prologue and the activation store. Plain Python inlined at trace
+    time."""
+    h = hadamard128_lane([vi * inv for vi in v], lane)
+    return [Float16(hi * Float32(HAD_SCALE)) for hi in h]
 
 
 def _abs_max(amax, v):
@@ -385,15 +398,8 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
     src = cutlass.select_(live, tok, Int32(0)) * cfg.width + 4 * lane
     srow = (plane * cfg.experts + cutlass.select_(live, e, Int32(0))) * cfg.width + 4 * lane
-    blocks = _row_blocks(cfg, warp)
-    vals = []
-    amax = Float32(0.0)
-    for i in cutlass.range_constexpr(cfg.per_warp):     # every load before the first use
-        c0 = blocks[i][1]
-        vals.append([Float32(x[src + c0 + j]) * Float32(suh[srow + c0 + j]) * keep
-                     for j in range(4)])
-    for i in cutlass.range_constexpr(cfg.per_warp):
-        amax = _abs_max(amax, vals[i])
+    blocks = _row_blocks(cfg.width, warp)
+    vals, amax = _rotation_inputs(x, suh, src, srow, keep, blocks)
     # The fp16 boundary (ffi/hadamard.py): s = smallest power of two with max|x * suh| / s <=
     # 2^ROW_LIMIT_LOG2, so no rotated element exceeds 46341; padding rows (all zero) get s = 1.
     s = row_scale(cta_max(amax, warp))
@@ -401,12 +407,12 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
         scale[bx] = s
     inv = power_of_two_inverse(s)
     base = (plane * cfg.plane_rows + row) * cfg.width + 4 * lane
-    for i in cutlass.range_constexpr(cfg.per_warp):
+    for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real:
-            h = hadamard128_lane([vals[i][j] * inv for j in range(4)], lane)
+            f16 = _rotated_fp16(vals[i], inv, lane)
             for j in cutlass.range_constexpr(4):
-                out[base + c0 + j] = Float16(h[j] * Float32(HAD_SCALE))
+                out[base + c0 + j] = f16[j]
 
 
 @cute.kernel
@@ -419,12 +425,12 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
     tok, e, live = _row_route(cfg, row, rtok, rexp)
     e0 = cutlass.select_(live, e, Int32(0))
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
-    blocks = _row_blocks(cfg, warp)
+    blocks = _row_blocks(cfg.width, warp)
     # The layer's own tables first (gate / up svh, down suh), then the chain wait, then what
     # FC1 and rotate_in wrote (partials, row scales).
     svs = []
     suhs = []
-    for b in cutlass.range_constexpr(cfg.per_warp):
+    for b in cutlass.range_constexpr(len(blocks)):
         col = blocks[b][1] + 4 * lane
         svs.append([[Float32(svh13[(p * cfg.experts + e0) * cfg.width + col + i])
                      for i in range(4)] for p in range(2)])
@@ -437,7 +443,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
         rs = [r * sc for r in rs]
     hs = []
     amax = Float32(0.0)
-    for b in cutlass.range_constexpr(cfg.per_warp):
+    for b in cutlass.range_constexpr(len(blocks)):
         col = blocks[b][1] + 4 * lane
         gu = []
         for p in cutlass.range_constexpr(2):
@@ -461,12 +467,12 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
     if tid == 0:
         scale2[row] = s
     inv = power_of_two_inverse(s)
-    for i in cutlass.range_constexpr(cfg.per_warp):
+    for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real:
-            h = hadamard128_lane([hs[i][j] * inv for j in range(4)], lane)
+            f16 = _rotated_fp16(hs[i], inv, lane)
             for j in cutlass.range_constexpr(4):
-                out[row * cfg.width + c0 + 4 * lane + j] = Float16(h[j] * Float32(HAD_SCALE))
+                out[row * cfg.width + c0 + 4 * lane + j] = f16[j]
 
 
 @cute.kernel
