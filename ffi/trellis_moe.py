@@ -79,6 +79,9 @@ FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard ker
 MAX_TOP_K = 32                       # combine: one warp per route slot, <= 1024 threads
 MAX_TIERS = 3                        # expert tiers one grouped launch serves (tw0..tw2)
 PDL_ENV = "EXL3_JAX_MOE_PDL"         # "0": the layer's kernels as ordinary stream-ordered launches
+# Tuning: "fc1=n_tiles,warps,splits,unroll;fc2=..." replaces the plan's CTA shape of that
+# projection (either may be left out); checked by GroupedMmaConfig.validate at trace time.
+GEMM_ENV = "EXL3_JAX_MOE_GEMM"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -623,8 +626,26 @@ def plan_for(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
     """The launch plan of one call (padded hidden / intermediate sizes; experts: the layer's
     global E); force: a plan kind, else $EXL3_JAX_MOE_PLAN, else auto."""
     force = force or os.environ.get(PLAN_ENV, "auto") or "auto"
-    return moe_plan(tokens, top_k, experts, hidden, inter,
+    plan = moe_plan(tokens, top_k, experts, hidden, inter,
                     kind=None if force == "auto" else force, sms=tg.device_sms())
+    return with_gemm_override(plan, os.environ.get(GEMM_ENV, ""))
+
+
+def with_gemm_override(plan: MoePlan, spec: str) -> MoePlan:
+    """``plan`` with the CTA shapes named in ``spec`` ("fc1=2,8,1,4;fc2=2,4,1,4", see GEMM_ENV)
+    in place of its own; "" leaves it as it is."""
+    fields = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, value = part.partition("=")
+        try:
+            vals = [int(v) for v in value.split(",")]
+        except ValueError:
+            vals = []
+        if name.strip() not in ("fc1", "fc2") or len(vals) != 4 or min(vals) < 1:
+            raise ValueError(f"{GEMM_ENV}: bad entry {part!r}; expected "
+                             f"fc1|fc2=n_tiles,warps,splits,unroll (positive integers)")
+        fields[name.strip()] = MoeGemmPlan(*vals)
+    return dataclasses.replace(plan, **fields) if fields else plan
 
 
 def _per_row(rows: int, width: int, **fields) -> GlueConfig:
@@ -902,9 +923,9 @@ def _pad(x, k: int):
     return x if d == k else jnp.pad(x, ((0, 0), (0, k - d)))
 
 
-__all__ = ["GroupedMmaConfig", "KernelRoutes", "MAX_TIERS", "PLAN_ENV", "grouped_config",
+__all__ = ["GEMM_ENV", "GroupedMmaConfig", "KernelRoutes", "MAX_TIERS", "PLAN_ENV", "grouped_config",
            "grouped_partials", "kernel_routes", "launch_grouped_mma", "moe_gpu", "pack_for",
-           "plan_for", "supports"]
+           "plan_for", "supports", "with_gemm_override"]
 
 
 # ---------------------------------------------------------------------------------------------

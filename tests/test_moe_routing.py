@@ -140,6 +140,50 @@ def test_decode_plan_accumulation_order_independent_of_tokens():
                 assert (k // 16 // gp.splits) % (gp.warps * gp.unroll) == 0
 
 
+def test_decode_plan_cta_shapes():
+    """Decode plans split K only while the m = 1 grid has fewer CTAs than SMs, and give each
+    warp at least 8 k16 tiles with as many warps (<= 8) as allow that (both measured on the
+    H200 in session 14: bench/NOTES.md)."""
+    sms = 132
+    for H, I, E, top_k in ((2048, 768, 128, 8), (4096, 1408, 128, 8), (6144, 512, 256, 8),
+                           (2048, 256, 64, 2), (256, 128, 4, 2)):
+        p = moe_plan(1, top_k, E, H, I, sms=sms)
+        for gp, k, n, planes in ((p.fc1, H, I, 2), (p.fc2, I, H, 1)):
+            k16 = k // 16
+            ctas = n // 16 // gp.n_tiles * planes * top_k
+            assert gp.splits == 1 or ctas * gp.splits // 2 < sms, (H, I, gp)
+            assert k16 // gp.warps >= 8 and k16 % gp.warps == 0, (H, I, gp)
+            wider = 2 * gp.warps
+            assert wider > 8 or k16 % wider or k16 // wider < 8, (H, I, gp)
+    glm = moe_plan(1, 8, 256, 6144, 512, sms=sms)          # the GLM-5.2 TP4 shard of the bench
+    assert (glm.fc1.splits, glm.fc2.warps) == (1, 4)
+    assert moe_plan(1, 2, 64, 2048, 256, sms=sms).fc1.splits > 1     # 32 CTAs: split
+
+
+@needs_cutlass
+def test_gemm_override(monkeypatch):
+    from exl3_jax.ffi import trellis_moe as tm
+    from exl3_jax.ops.moe_plans import MoeGemmPlan
+    plan = moe_plan(1, 8, 128, 2048, 768)
+    assert tm.with_gemm_override(plan, "") == plan
+    got = tm.with_gemm_override(plan, "fc2=4,8,1,2")
+    assert got.fc2 == MoeGemmPlan(4, 8, 1, 2) and got.fc1 == plan.fc1
+    got = tm.with_gemm_override(plan, " fc1=1,4,2,4 ; fc2=2,4,1,4 ")
+    assert (got.fc1, got.fc2) == (MoeGemmPlan(1, 4, 2, 4), MoeGemmPlan(2, 4, 1, 4))
+    for bad in ("fc3=1,2,3,4", "fc1=1,2,3", "fc1=0,8,1,4", "fc2=a,b,c,d", "fc1"):
+        with pytest.raises(ValueError, match=tm.GEMM_ENV):
+            tm.with_gemm_override(plan, bad)
+    monkeypatch.setenv(tm.GEMM_ENV, "fc1=2,8,1,8")
+    forced = tm.plan_for(1, 8, 128, 2048, 768)
+    assert forced.fc1 == MoeGemmPlan(2, 8, 1, 8) and forced.fc2 == plan.fc2
+    # A shape the kernel cannot tile is refused when the layer is built, naming the reason.
+    w13 = Exl3Weight(jnp.zeros((2, 4, 128, 48, 64), jnp.int16), jnp.ones((2, 4, 2048)),
+                     jnp.ones((2, 4, 768)), None, "mcg", 4, 2048, 768)
+    bad_plan = tm.with_gemm_override(plan, "fc1=2,8,1,32")
+    with pytest.raises(ValueError, match="warps\\*unroll"):
+        tm.grouped_config(w13, bad_plan.fc1, bad_plan)
+
+
 def test_plan_errors():
     with pytest.raises(ValueError, match="multiples of 128"):
         moe_plan(1, 2, 4, 200, 128)
