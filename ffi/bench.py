@@ -291,6 +291,10 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                         (x, ids, wts, w13, down), iters=iters, reps=3)
                 except Exception as e:   # noqa: BLE001
                     row["unfused_error"] = f"{type(e).__name__}: {e}"[:300]
+            try:          # the loop's own per-call cost (x + 0 * y chaining, one read), in "us"
+                row["loop_us"] = loop_overhead_us(m, H)
+            except Exception as e:   # noqa: BLE001
+                row["loop_error"] = f"{type(e).__name__}: {e}"[:300]
             try:          # the route packing alone (XLA; none for per-route plans)
                 row["pack_us"] = 1e6 * time_in_loop(
                     lambda i: tm.kernel_routes(i, E, plan).route_row, (ids,), iters=iters,
@@ -311,6 +315,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 f"  ragged {row.get('ragged_us', float('nan')):9.1f} us "
                 f"(x{row.get('speedup_vs_ragged', float('nan')):5.2f})"
                 f"  pack {row.get('pack_us', float('nan')):7.1f} us"
+                f"  loop {row.get('loop_us', float('nan')):5.1f} us"
                 + (f"  unfused {row.get('unfused_us', float('nan')):8.1f} us" if unfused else "")
                 + (f"  ERR {row['error']}" if "error" in row else ""))
     return rows

@@ -923,9 +923,9 @@ def _pad(x, k: int):
     return x if d == k else jnp.pad(x, ((0, 0), (0, k - d)))
 
 
-__all__ = ["GEMM_ENV", "GroupedMmaConfig", "KernelRoutes", "MAX_TIERS", "PLAN_ENV", "grouped_config",
-           "grouped_partials", "kernel_routes", "launch_grouped_mma", "moe_gpu", "pack_for",
-           "plan_for", "supports", "with_gemm_override"]
+__all__ = ["GEMM_ENV", "GroupedMmaConfig", "KernelRoutes", "MAX_TIERS", "PLAN_ENV",
+           "grouped_config", "grouped_partials", "kernel_routes", "launch_grouped_mma", "moe_gpu",
+           "pack_for", "plan_for", "supports", "with_gemm_override"]
 
 
 # ---------------------------------------------------------------------------------------------
