@@ -27,10 +27,12 @@ Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_l
      fp32 in slot order per token (deterministic, no atomics) (1 launch).
 Kernels 2-5 are programmatic dependent launches (EXL3_JAX_MOE_PDL=0: ordinary launches): each
 loads the layer's own tables (and FC1 / FC2 their first weight chunk) before
-griddepcontrol.wait. Measured on the H200 (bench/NOTES.md, session 13): the launch chaining
-and a software-pipelined k loop changed nothing measurable; rotate_in inside FC1 saved ~3.6 us
-per layer at one token; the activation inside FC2 (each of FC2's n-tile CTAs recomputing it
-after the wait) cost 2-11 us and was not kept. Not built: the persistent cooperative kernel
+griddepcontrol.wait. Measured on the H200 (bench/NOTES.md, sessions 13-14): the launch
+chaining saves 2.6-3.6 us per layer at one token (with and without XLA command buffers; session
+13's first timing saw no change); the software-pipelined k loop <= 0.6 us; rotate_in inside FC1
+~3.6 us. Not kept: the activation inside FC2 (each of FC2's n-tile CTAs recomputing it after the
+wait: +2-11 us) and FC2's tiles decoded into shared memory before the wait (+2-10 us: FC2's
+CTAs fit only as FC1's leave). Not built: the persistent cooperative kernel
 with grid barriers of issue #6 (the phases stay separate kernels). Mixed-bitrate
 experts (``tiers``) share the same launches: one packing over the global expert ids, the glue
 kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
@@ -537,8 +539,8 @@ def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tens
     custom call. Outputs: the GEMM partials part1 and part2 first (cutlass_call hands
     input-aliased outputs over in their inputs' places, and validation aliases NaN-filled
     buffers to exactly these two), then y, then the rest of the scratch the kernels hand each
-    other (xh, scale1, xh2, scale2). With cfg.pdl, kernels 2-5 are programmatic dependent launches: each
-    is resident while its predecessor runs, reads the layer's own tables, and waits
+    other (xh, scale1, xh2, scale2). With cfg.pdl, kernels 2-5 are programmatic dependent
+    launches: each is resident while its predecessor runs, reads the layer's own tables, and waits
     (griddepcontrol.wait) only before what an earlier kernel wrote; every kernel lets its
     dependent launch at its own start (launch_dependents), which cannot take an SM slot from
     its own CTAs (the dependent starts once all of them are resident). The first kernel is an

@@ -7,10 +7,11 @@
 
 For each geometry and token count: the layer (exl3_jax.ffi.trellis_moe.moe_gpu, K4 mcg, the
 bench's random experts and routes) with the plan's own CTA shapes, then with each one-step
-neighbour of FC1's shape (n_tiles, warps, splits, unroll; FC2 at the plan's) and of FC2's (FC1 at
-the plan's), or with --overrides the given shapes, set through EXL3_JAX_MOE_GEMM. Every variant's output is compared with the default
-plan's (relative L2; a different K-split order changes the last bits only) and timed like
-`exl3-jax bench moe` (median of a jitted loop, the loop's x + 0 * y chaining included).
+neighbour of FC1's shape (n_tiles, warps, splits, unroll; FC2 at the plan's) and of FC2's (FC1
+at the plan's), or with --overrides the given shapes, set through EXL3_JAX_MOE_GEMM. Every
+variant's output is compared with the default plan's (relative L2; a different K-split order
+changes the last bits only) and timed like `exl3-jax bench moe` (median of a jitted loop, the
+loop's x + 0 * y chaining included).
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def layer_inputs(name: str, m: int):
     return x, ids, wts, w13, down
 
 
-def run_variant(inputs, override: str, ref=None) -> dict:
+def run_variant(inputs, override: str, ref=None):
+    """(row, output or None): the layer with EXL3_JAX_MOE_GEMM = ``override`` (the caller's
+    setting restored after), its relative L2 distance from ``ref`` and its time."""
+    saved = os.environ.get(tm.GEMM_ENV)
     os.environ[tm.GEMM_ENV] = override
     try:
         x, ids, wts, w13, down = inputs
@@ -82,7 +86,10 @@ def run_variant(inputs, override: str, ref=None) -> dict:
     except Exception as e:   # noqa: BLE001 -- record and continue
         return {"override": override, "error": f"{type(e).__name__}: {e}"[:400]}, None
     finally:
-        os.environ.pop(tm.GEMM_ENV, None)
+        if saved is None:
+            os.environ.pop(tm.GEMM_ENV, None)
+        else:
+            os.environ[tm.GEMM_ENV] = saved
 
 
 def sweep(geometries, ms, budget_s: float, overrides=None) -> list[dict]:
