@@ -588,6 +588,19 @@ def grouped_config(weights, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
                             unroll=gp.unroll, tiers=tiers).validate()
 
 
+def _slab_words(weights) -> list:
+    """The trellis words of each slab, the last repeated up to MAX_TIERS (the grouped kernel
+    always takes tw0..tw2; a single slab's extra copies are never read)."""
+    tws = [tg.trellis_words(w.trellis) for w in _slabs(weights)]
+    return tws + tws[-1:] * (MAX_TIERS - len(tws))
+
+
+def _tier_map_args(tier_maps, bexp, tiered: bool) -> list:
+    """The kernel's etier / eslot arguments: the expert -> (tier, slot) maps, or (one slab)
+    bexp twice as placeholders that are never read."""
+    return [jnp.asarray(m, jnp.int32) for m in tier_maps] if tiered else [bexp, bexp]
+
+
 def grouped_partials(xw, weights, block_expert, cfg: GroupedMmaConfig, out_init=None,
                      tier_maps=None):
     """The grouped kernel: flat fp32 [splits * planes * rows * n] (see the layout contract).
@@ -596,12 +609,9 @@ def grouped_partials(xw, weights, block_expert, cfg: GroupedMmaConfig, out_init=
     (validation)."""
     from cutlass.jax import cutlass_call
 
-    tws = [tg.trellis_words(w.trellis) for w in _slabs(weights)]
-    tws += tws[-1:] * (MAX_TIERS - len(tws))
     shape = jax.ShapeDtypeStruct((cfg.splits * cfg.planes * cfg.rows * cfg.n,), jnp.float32)
     bexp = jnp.asarray(block_expert, jnp.int32)
-    maps = [jnp.asarray(m, jnp.int32) for m in tier_maps] if cfg.tiers else [bexp, bexp]
-    args = [xw, *tws, bexp, *maps]
+    args = [xw, *_slab_words(weights), bexp, *_tier_map_args(tier_maps, bexp, bool(cfg.tiers))]
     if out_init is None:
         return cutlass_call(launch_grouped_mma, output_shape_dtype=shape, cfg=cfg,
                             compile_options=tg._cute_options())(*args)
@@ -764,15 +774,11 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
         combine=GlueConfig(rows=T, valid=T, width=H, splits=cfg2.splits, part_rows=kr.rows,
                            **fields),
         pdl=bool(pdl))
-    tw13 = [tg.trellis_words(w.trellis) for w in _slabs(w13)]
-    tw13 += tw13[-1:] * (MAX_TIERS - len(tw13))
-    tw2 = [tg.trellis_words(w.trellis) for w in _slabs(down)]
-    tw2 += tw2[-1:] * (MAX_TIERS - len(tw2))
     bexp = kr.block_expert
-    maps = [jnp.asarray(m, jnp.int32) for m in tier_maps] if cfg1.tiers else [bexp, bexp]
-    args = [x.reshape(-1), suh13.reshape(-1), kr.row_token, kr.row_expert, bexp, *maps, *tw13,
-            svh13.reshape(-1), suh2.reshape(-1), xscale, *tw2, svh2.reshape(-1), kr.route_row,
-            jnp.asarray(weights, jnp.float32).reshape(-1)]
+    args = [x.reshape(-1), suh13.reshape(-1), kr.row_token, kr.row_expert, bexp,
+            *_tier_map_args(tier_maps, bexp, bool(cfg1.tiers)), *_slab_words(w13),
+            svh13.reshape(-1), suh2.reshape(-1), xscale, *_slab_words(down), svh2.reshape(-1),
+            kr.route_row, jnp.asarray(weights, jnp.float32).reshape(-1)]
     sds = jax.ShapeDtypeStruct
     n1 = cfg1.splits * 2 * kr.rows * I
     n2 = cfg2.splits * kr.rows * H

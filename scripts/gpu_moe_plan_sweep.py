@@ -34,18 +34,21 @@ WARPS_UNROLL = [(w, u) for w in (4, 6, 8, 12, 16) for u in (1, 2, 3, 4, 6, 8)]
 
 def neighbours(gp: MoeGemmPlan, k: int, n: int) -> list[MoeGemmPlan]:
     """Valid plans near ``gp``: another n_tiles (1, 2, 4, 8), another K-split count (1, 2, 4,
-    8), or another (warps, unroll) pair; valid = n16 a multiple of n_tiles, k16 per split a
-    whole number of warps * unroll chunks. Ordered by how many chunks a warp runs, nearest to
-    gp's first."""
-    k16, n16 = k // 16, n // 16
+    8), or another (warps, unroll) pair; valid = the kernel's own tiling check
+    (MmaTiling.check_tiling) passes. Ordered by how many chunks a warp runs, nearest to gp's
+    first."""
+    k16 = k // 16
     cands = [MoeGemmPlan(t, gp.warps, gp.splits, gp.unroll) for t in (1, 2, 4, 8)]
     cands += [MoeGemmPlan(gp.n_tiles, gp.warps, s, gp.unroll) for s in (1, 2, 4, 8)]
     cands += [MoeGemmPlan(gp.n_tiles, w, gp.splits, u) for w, u in WARPS_UNROLL]
     ok = []
     for c in cands:
-        if c == gp or c in ok or n16 % c.n_tiles or k16 % c.splits:
+        if c == gp or c in ok:
             continue
-        if (k16 // c.splits) % (c.warps * c.unroll):
+        try:
+            tm.GroupedMmaConfig(codebook="mcg", K=4, experts=1, planes=1, k=k, n=n, block_m=8,
+                                blocks=1, **vars(c)).check_tiling()
+        except ValueError:
             continue
         ok.append(c)
 
