@@ -204,6 +204,49 @@ def cta_max(v, warp, warps: int = WARPS):
     return v
 
 
+def row_blocks(width: int, warp, warps: int = WARPS):
+    """The 128-column blocks of a row of ``width`` this warp handles when a CTA of ``warps``
+    warps owns the row: for i < ceil(width / (128 * warps)), (whether block i * warps + warp
+    exists, its first column, clamped to the last block so every index is in bounds). A warp
+    past the last block re-computes the last one, which leaves the row max unchanged, and does
+    not store it. Plain Python inlined at trace time."""
+    nb = width // 128
+    out = []
+    for i in range(-(-nb // warps)):
+        blk = i * warps + warp
+        out.append((blk < nb, cutlass.min(blk, nb - 1) * 128))
+    return out
+
+
+def rotation_inputs(x, suh, src, srow, keep, blocks):
+    """(vals, amax): x * suh * keep (fp32) at this lane's 4 columns of each block (x row at
+    ``src``, suh row at ``srow``, both + 4 * lane), every load issued before the first use, and
+    their max |.|. The input transform's arithmetic (_block_inputs), shared by the MoE's
+    rotate_in kernel, FC1's prologue and the row linear's (trellis_linear), so all give the
+    same bits. Plain Python inlined at trace time."""
+    vals = [[Float32(x[src + c0 + j]) * Float32(suh[srow + c0 + j]) * keep for j in range(4)]
+            for _, c0 in blocks]
+    amax = Float32(0.0)
+    for v in vals:
+        amax = abs_max(amax, v)
+    return vals, amax
+
+
+def rotated_fp16(v, inv, lane):
+    """fp16(H128(v * inv)) of this lane's 4 values (inv: 1 / the row's power-of-two scale):
+    what _rotate_store, the MoE glue and FC1's prologue and the row linear store. Plain Python
+    inlined at trace time."""
+    h = hadamard128_lane([vi * inv for vi in v], lane)
+    return [Float16(hi * Float32(SCALE)) for hi in h]
+
+
+def abs_max(amax, v):
+    """amax folded with max|v_i| (Float32 list). Plain Python inlined at trace time."""
+    for x in v:
+        amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
+    return amax
+
+
 def _block_inputs(x, suhs, src, blk, lane, cfg):
     """(first column, this lane's 4 fp32 values x * suh) of 128-block ``blk`` of the row at
     ``src`` (member blk // (x_width / 128); the member's suh chosen by select, every member's
@@ -364,13 +407,10 @@ def _hadamard_out_kernel(part: cute.Tensor, svh0: cute.Tensor, svh1: cute.Tensor
     lane, blk = warp_task(WARPS)
     if blk < cfg.blocks:
         row, col = block_row_col(blk, cfg.width, lane)
-        v = [part[row * cfg.width + col + e] for e in range(4)]
-        for s in cutlass.range_constexpr(1, cfg.splits):
-            base = (s * cfg.part_rows + row) * cfg.width + col
-            v = [v[e] + part[base + e] for e in range(4)]
-        v = hadamard128_lane(v, lane)
         # svh and bias of the member owning these columns: each member's value at a clamped
         # (in-bounds) index, the owner's kept by select (no block straddles two members).
+        # They are the layer's own tables, so they load before the wait for the partials (a
+        # programmatic dependent launch behind the GEMM: trellis_linear; else a no-op).
         n0 = cfg.out_members[0]
         gcol = cutlass.min(col, n0 - 4)
         sv = [Float32(svhs[0][gcol + e]) for e in range(4)]
@@ -387,6 +427,12 @@ def _hadamard_out_kernel(part: cute.Tensor, svh0: cute.Tensor, svh1: cute.Tensor
                       for e in range(4)]
             else:
                 bv = [cutlass.select_(own, Float32(0.0), bv[e]) for e in range(4)]
+        cute.arch.griddepcontrol_wait()
+        v = [part[row * cfg.width + col + e] for e in range(4)]
+        for s in cutlass.range_constexpr(1, cfg.splits):
+            base = (s * cfg.part_rows + row) * cfg.width + col
+            v = [v[e] + part[base + e] for e in range(4)]
+        v = hadamard128_lane(v, lane)
         rs = scale[row]
         for e in cutlass.range_constexpr(4):
             y[row * cfg.width + col + e] = v[e] * Float32(SCALE) * sv[e] * rs + bv[e]

@@ -8,8 +8,11 @@ Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.pl
      K-split; prefill plan: the dequantize kernel (ffi/trellis_dequant.py) writes W_hat^T fp16,
      then an XLA dot with fp32 accumulation;
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
-Three launches for a decode step (four for prefill). EXL3_JAX_TRANSFORMS=xla does steps 1 and 3
-with jnp instead (the reference arithmetic; kept for comparison and debugging).
+Three launches for a decode step (four for prefill). One token (m = 1, the batch-1 decode step)
+runs as one custom call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA
+rotates its own k range of the row, and the output transform is chained behind it).
+EXL3_JAX_TRANSFORMS=xla does steps 1 and 3 with jnp instead (the reference arithmetic; kept for
+comparison and debugging).
 
 The kernels consume the checkpoint's int16 trellis through a bitcast view as uint32 words; no
 repacking. Importing this module does not import cutlass (CPU-only processes stay light); the
@@ -21,6 +24,8 @@ Environment:
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
   EXL3_JAX_GROUPS = 1 | 0                     linears sharing an input (q/k/v, gate/up) run as one
                                               group per kernel (default 1; group_supported).
+  EXL3_JAX_ROW_LINEAR = 1 | 0                 one token as one custom call (default 1; 0: the
+                                              three calls of the decode plan).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -47,6 +52,7 @@ PLAN_ENV = "EXL3_JAX_PLAN"
 CUTE_OPTIONS_ENV = "EXL3_JAX_CUTE_OPTIONS"
 TRANSFORMS_ENV = "EXL3_JAX_TRANSFORMS"
 GROUPS_ENV = "EXL3_JAX_GROUPS"
+ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
 
 
 @functools.lru_cache(maxsize=None)
@@ -296,6 +302,57 @@ def mma_group_partials_words(xw, weights, plan: TrellisPlan, out_init=None):
                         compile_options=_cute_options())(xw, *tws, out_init)
 
 
+def _row_linear_config(weights, plan: TrellisPlan):
+    """The row linear's config (ffi/trellis_linear.py) for one linear or a group (a list of
+    2..3 weights) when ``plan`` is a one-token decode plan, or None: another plan, no row
+    tiling fits (trellis_linear.row_plan), or $EXL3_JAX_ROW_LINEAR is 0."""
+    from .hadamard import HadamardConfig
+    if os.environ.get(ROW_LINEAR_ENV, "1") == "0" or plan.kind != "decode" or plan.m != 1:
+        return None
+    from . import trellis_linear
+    weights = _as_members(weights)
+    w0 = weights[0]
+    members = tuple(w.n for w in weights) if len(weights) > 1 else ()
+    mma = trellis_linear.row_plan(w0.codebook, w0.K, w0.k, sum(w.n for w in weights), members)
+    if mma is None:
+        return None
+    out = HadamardConfig(rows=1, valid=1, width=mma.n, splits=mma.splits, part_rows=1,
+                         members=members, biased=tuple(w.bias is not None for w in weights))
+    return trellis_linear.RowLinearConfig(mma=mma, out=out)
+
+
+def row_linear(x_row, weights, cfg, *, poison: bool = False):
+    """One token through one linear or a linear group as one custom call
+    (ffi/trellis_linear.py). x_row: float [1, k]; weights: an Exl3Weight or 2..3 of them (one
+    k, K, codebook); cfg: _row_linear_config's. poison: the partials are a NaN-filled buffer
+    the kernel writes in place. Returns float32 [1, sum(n)] including bias."""
+    from cutlass.jax import cutlass_call
+
+    from .trellis_linear import launch_row_linear
+
+    weights = _as_members(weights)
+    x = x_row.reshape(-1)
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    c = cfg.mma
+    nparts = c.splits * c.n
+    args = [x, *_member_args([w.suh for w in weights], jnp.float16),
+            *_member_args([trellis_words(w.trellis) for w in weights]),
+            *_member_args([w.svh for w in weights], jnp.float16),
+            *_member_args([w.bias if w.bias is not None else w.svh for w in weights],
+                          jnp.float16),
+            jnp.ones((1,), jnp.float32)]
+    shapes = (jax.ShapeDtypeStruct((nparts,), jnp.float32),
+              jax.ShapeDtypeStruct((c.n,), jnp.float32))
+    aliases = {}
+    if poison:
+        aliases = {len(args): 0}
+        args.append(jnp.full((nparts,), np.float32(np.nan)))
+    _, y = cutlass_call(launch_row_linear, output_shape_dtype=shapes, cfg=cfg,
+                        input_output_aliases=aliases, compile_options=_cute_options())(*args)
+    return y.reshape(1, c.n)
+
+
 def hadamard_out(part, svh, bias, scale, *, m: int, m_pad: int, splits: int, n: int):
     """Output transform kernel: flat fp32 partials [splits * m_pad * n] and the input
     transform's row scales (float32 [m_pad], or None for 1) -> y fp32 [m, n].
@@ -401,6 +458,8 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
     if mode == "xla":
         xh, scale = input_transform(x2, weight.suh)
         y = output_transform(rotated_matmul(xh, weight, plan), weight.svh, weight.bias, scale)
+    elif (row_cfg := _row_linear_config(weight, plan)) is not None:
+        y = row_linear(x2, weight, row_cfg)
     elif plan.kind == "decode":
         cfg = _mma_config(weight, plan)
         xw, scale = decode_input_words(x2, weight.suh, cfg)
@@ -440,6 +499,9 @@ def trellis_matmul_group(x2, weights, plan: TrellisPlan, *, poison: bool = False
     128-column block, and no block straddles two members). ``plan`` is the decode plan of
     [m, k] @ [k, sum(n_i)]. poison: the decode kernel writes into a NaN-filled buffer."""
     m = x2.shape[0]
+    row_cfg = _row_linear_config(weights, plan)
+    if row_cfg is not None:
+        return row_linear(x2, weights, row_cfg, poison=poison)
     cfg = _group_config(weights, plan)
     xh, scale = hadamard_in(x2, [w.suh for w in weights], cfg.m_pad, cfg.x_layout)
     init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison else None

@@ -31,8 +31,10 @@ griddepcontrol.wait. Measured on the H200 (bench/NOTES.md, sessions 13-14): the 
 chaining saves 2.6-3.6 us per layer at one token (with and without XLA command buffers; session
 13's first timing saw no change); the software-pipelined k loop <= 0.6 us; rotate_in inside FC1
 ~3.6 us. Not kept: the activation inside FC2 (each of FC2's n-tile CTAs recomputing it after the
-wait: +2-11 us) and FC2's tiles decoded into shared memory before the wait (+2-10 us: FC2's
-CTAs fit only as FC1's leave). Not built: the persistent cooperative kernel
+wait: +2-11 us), FC2's tiles decoded into shared memory before the wait (+2-10 us: FC2's
+CTAs fit only as FC1's leave), and the activation and combine in FC1's and FC2's tails behind
+arrival counters (session 15: neutral for Qwen3 at m = 1, +1.6 to +5 us for GLM-5.2 TP4 and
+GLM-4.5-Air: FC1 needed 79 registers instead of 64). Not built: the persistent cooperative kernel
 with grid barriers of issue #6 (the phases stay separate kernels). Mixed-bitrate
 experts (``tiers``) share the same launches: one packing over the global expert ids, the glue
 kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
@@ -70,7 +72,8 @@ from exl3_jax.trellis import Exl3Weight
 from . import trellis_gemm as tg
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, lane_funnels
 from .hadamard import SCALE as HAD_SCALE
-from .hadamard import WARPS, HadamardConfig, cta_max, power_of_two_inverse, row_scale
+from .hadamard import (WARPS, HadamardConfig, abs_max, cta_max, power_of_two_inverse,
+                       rotated_fp16, rotation_inputs, row_blocks, row_scale)
 from .trellis_geometry import lane_geometry, supported_rates
 from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_partials,
                           load_chunk, load_chunk_weights, load_chunk_x_words, mma_chunk,
@@ -203,8 +206,8 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             # rotate_in's arithmetic for this block's one live row (row 0; rows 1.. are
             # padding: zero fragments, scale 1), element for element, so the result is
             # bitwise the separate kernel's: x * suh, the row's power-of-two scale, H128.
-            blocks = _row_blocks(cfg.k, warp, cfg.warps)
-            vals, amax = _rotation_inputs(
+            blocks = row_blocks(cfg.k, warp, cfg.warps)
+            vals, amax = rotation_inputs(
                 xin, suh, (blk // cfg.top_k) * cfg.k + 4 * lane,
                 (plane * cfg.experts + e_safe) * cfg.k + 4 * lane,
                 cutlass.select_(live, Float32(1.0), Float32(0.0)), blocks)
@@ -218,7 +221,7 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             for i in cutlass.range_constexpr(len(blocks)):
                 real, cb = blocks[i]
                 if real:
-                    f16 = _rotated_fp16(vals[i], inv, lane)
+                    f16 = rotated_fp16(vals[i], inv, lane)
                     for j in cutlass.range_constexpr(4):
                         xs[cb + 4 * lane + j] = f16[j]
             cute.arch.sync_threads()
@@ -320,48 +323,6 @@ def _split_sum4(part, base_of_split, splits: int):
     return v
 
 
-def _row_blocks(width: int, warp, warps: int = WARPS):
-    """The 128-column blocks of a row of ``width`` this warp handles when a CTA of ``warps``
-    warps owns the row: for i < ceil(width / (128 * warps)), (whether block i * warps + warp
-    exists, its first column, clamped to the last block so every index is in bounds). A warp
-    past the last block re-computes the last one, which leaves the row max unchanged, and does
-    not store it. Plain Python inlined at trace time."""
-    nb = width // 128
-    out = []
-    for i in range(-(-nb // warps)):
-        blk = i * warps + warp
-        out.append((blk < nb, cutlass.min(blk, nb - 1) * 128))
-    return out
-
-
-def _rotation_inputs(x, suh, src, srow, keep, blocks):
-    """(vals, amax): x * suh * keep (fp32) at this lane's 4 columns of each block (x row at
-    ``src``, suh row at ``srow``, both + 4 * lane), every load issued before the first use, and
-    their max |.|. rotate_in's arithmetic, shared by its kernel and FC1's prologue (so both give
-    the same bits). Plain Python inlined at trace time."""
-    vals = [[Float32(x[src + c0 + j]) * Float32(suh[srow + c0 + j]) * keep for j in range(4)]
-            for _, c0 in blocks]
-    amax = Float32(0.0)
-    for v in vals:
-        amax = _abs_max(amax, v)
-    return vals, amax
-
-
-def _rotated_fp16(v, inv, lane):
-    """fp16(H128(v * inv)) of this lane's 4 values (inv: 1 / the row's power-of-two scale):
-    what rotate_in, FC1's prologue and the activation store. Plain Python inlined at trace
-    time."""
-    h = hadamard128_lane([vi * inv for vi in v], lane)
-    return [Float16(hi * Float32(HAD_SCALE)) for hi in h]
-
-
-def _abs_max(amax, v):
-    """amax folded with max|v_i| (Float32 list). Plain Python inlined at trace time."""
-    for x in v:
-        amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
-    return amax
-
-
 def _row_route(cfg, row, rtok, rexp):
     """(token, expert, live) of packed row ``row``: from the packing's tables (rtok, rexp
     [rows]), or with ``cfg.per_route`` from the flat ids (rexp [T * top_k]; route r alone in
@@ -403,8 +364,8 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
     src = cutlass.select_(live, tok, Int32(0)) * cfg.width + 4 * lane
     srow = (plane * cfg.experts + cutlass.select_(live, e, Int32(0))) * cfg.width + 4 * lane
-    blocks = _row_blocks(cfg.width, warp)
-    vals, amax = _rotation_inputs(x, suh, src, srow, keep, blocks)
+    blocks = row_blocks(cfg.width, warp)
+    vals, amax = rotation_inputs(x, suh, src, srow, keep, blocks)
     # The fp16 boundary (ffi/hadamard.py): s = smallest power of two with max|x * suh| / s <=
     # 2^ROW_LIMIT_LOG2, so no rotated element exceeds 46341; padding rows (all zero) get s = 1.
     s = row_scale(cta_max(amax, warp))
@@ -415,7 +376,7 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real:
-            f16 = _rotated_fp16(vals[i], inv, lane)
+            f16 = rotated_fp16(vals[i], inv, lane)
             for j in cutlass.range_constexpr(4):
                 out[base + c0 + j] = f16[j]
 
@@ -430,7 +391,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
     tok, e, live = _row_route(cfg, row, rtok, rexp)
     e0 = cutlass.select_(live, e, Int32(0))
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
-    blocks = _row_blocks(cfg.width, warp)
+    blocks = row_blocks(cfg.width, warp)
     # The layer's own tables first (gate / up svh, down suh), then the chain wait, then what
     # FC1 and rotate_in wrote (partials, row scales).
     svs = []
@@ -464,7 +425,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
             if cutlass.const_expr(cfg.valid_cols < cfg.width):
                 m = cutlass.select_(col + i < cfg.valid_cols, keep, Float32(0.0))
             h.append(silu * u[i] * m * suhs[b][i])
-        amax = _abs_max(amax, h)
+        amax = abs_max(amax, h)
         hs.append(h)
     # FC2's fp16 boundary, as in rotate_in: SwiGLU outputs of outlier tokens reach the
     # thousands, and the rotation multiplies the largest by up to sqrt(128).
@@ -475,7 +436,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
     for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real:
-            f16 = _rotated_fp16(hs[i], inv, lane)
+            f16 = rotated_fp16(hs[i], inv, lane)
             for j in cutlass.range_constexpr(4):
                 out[row * cfg.width + c0 + 4 * lane + j] = f16[j]
 

@@ -2,13 +2,16 @@
 
   python scripts/gpu_moe_plan_sweep.py --out $OUT/sweep.json [--geometries qwen3-30b-a3b]
         [--m 1] [--budget-s 240] [--overrides 'fc2=2,8,1,2|fc1=2,8,2,4']
+  python scripts/gpu_moe_plan_sweep.py --env EXL3_JAX_MOE_TAILS --overrides '0|1|0|1'
+        # any other switch of the layer, its settings timed in turn in one process
   python scripts/gpu_moe_plan_sweep.py --once qwen3-30b-a3b --m 1   # a few plain layer calls
                                                                     # (for ncu)
 
 For each geometry and token count: the layer (exl3_jax.ffi.trellis_moe.moe_gpu, K4 mcg, the
 bench's random experts and routes) with the plan's own CTA shapes, then with each one-step
 neighbour of FC1's shape (n_tiles, warps, splits, unroll; FC2 at the plan's) and of FC2's (FC1
-at the plan's), or with --overrides the given shapes, set through EXL3_JAX_MOE_GEMM. Every
+at the plan's), or with --overrides the given shapes, set through EXL3_JAX_MOE_GEMM (or the
+given values of the variable named by --env, e.g. EXL3_JAX_MOE_TAILS or EXL3_JAX_MOE_PDL). Every
 variant's output is compared with the default plan's (relative L2; a different K-split order
 changes the last bits only) and timed like `exl3-jax bench moe` (median of a jitted loop, the
 loop's x + 0 * y chaining included).
@@ -71,15 +74,18 @@ def layer_inputs(name: str, m: int):
     return x, ids, wts, w13, down
 
 
-def run_variant(inputs, override: str, ref=None):
-    """(row, output or None): the layer with EXL3_JAX_MOE_GEMM = ``override`` (the caller's
+def run_variant(inputs, override: str, ref=None, env: str = tm.GEMM_ENV):
+    """(row, output or None): the layer with $env = ``override`` ("": unset; the caller's
     setting restored after), its relative L2 distance from ``ref`` and its time."""
-    saved = os.environ.get(tm.GEMM_ENV)
-    os.environ[tm.GEMM_ENV] = override
+    saved = os.environ.get(env)
+    if override:
+        os.environ[env] = override
+    else:
+        os.environ.pop(env, None)
     try:
         x, ids, wts, w13, down = inputs
         y = np.asarray(jax.jit(lambda *a: tm.moe_gpu(*a))(x, ids, wts, w13, down))
-        row = {"override": override}
+        row = {"override": override, "env": env}
         if ref is not None:
             row["rel_l2_vs_default"] = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
         m = x.shape[0]
@@ -87,17 +93,19 @@ def run_variant(inputs, override: str, ref=None):
                                           iters=int(max(8, min(128, 2e4 / m))), reps=5)
         return row, y
     except Exception as e:   # noqa: BLE001 -- record and continue
-        return {"override": override, "error": f"{type(e).__name__}: {e}"[:400]}, None
+        return {"override": override, "env": env,
+                "error": f"{type(e).__name__}: {e}"[:400]}, None
     finally:
         if saved is None:
-            os.environ.pop(tm.GEMM_ENV, None)
+            os.environ.pop(env, None)
         else:
-            os.environ[tm.GEMM_ENV] = saved
+            os.environ[env] = saved
 
 
-def sweep(geometries, ms, budget_s: float, overrides=None) -> list[dict]:
-    """Rows of the default plan and its variants: the given EXL3_JAX_MOE_GEMM strings, or
-    (None) every neighbour of FC1's and of FC2's shape."""
+def sweep(geometries, ms, budget_s: float, overrides=None,
+          env: str = tm.GEMM_ENV) -> list[dict]:
+    """Rows of the default plan and its variants: the given values of $env, or (None) every
+    neighbour of FC1's and of FC2's shape."""
     deadline = time.time() + budget_s
     rows = []
     for name in geometries:
@@ -105,7 +113,7 @@ def sweep(geometries, ms, budget_s: float, overrides=None) -> list[dict]:
         for m in ms:
             inputs = layer_inputs(name, m)
             plan = tm.plan_for(m, top_k, E, H, I)
-            base, ref = run_variant(inputs, "")
+            base, ref = run_variant(inputs, "", env=env)
             base.update(geometry=name, m=m, which="default", fc1=plan.fc1.__dict__,
                         fc2=plan.fc2.__dict__)
             rows.append(base)
@@ -119,7 +127,7 @@ def sweep(geometries, ms, budget_s: float, overrides=None) -> list[dict]:
                 if time.time() > deadline:
                     rows.append({"stopped": "deadline"})
                     return rows
-                row, _ = run_variant(inputs, o, ref)
+                row, _ = run_variant(inputs, o, ref, env)
                 row.update(geometry=name, m=m, which=which)
                 rows.append(row)
                 print(f"  {o:<34} {row.get('us', float('nan')):8.2f} us  "
@@ -134,7 +142,9 @@ def main() -> int:
     p.add_argument("--m", default="1")
     p.add_argument("--budget-s", type=float, default=240)
     p.add_argument("--overrides", default=None,
-                   help="EXL3_JAX_MOE_GEMM strings separated by '|' (default: the neighbours)")
+                   help="values of --env separated by '|' (default: the neighbours)")
+    p.add_argument("--env", default=tm.GEMM_ENV,
+                   help="the variable --overrides sets (default EXL3_JAX_MOE_GEMM)")
     p.add_argument("--once", default=None, help="geometry: run its layer 6 times and exit")
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -146,8 +156,8 @@ def main() -> int:
             jax.block_until_ready(f(*inputs))
         return 0
     rows = sweep(a.geometries.split(","), ms, a.budget_s,
-                 None if a.overrides is None else a.overrides.split("|"))
-    report = {"benchmark": "MoE decode-plan CTA shapes (EXL3_JAX_MOE_GEMM), K4 mcg",
+                 None if a.overrides is None else a.overrides.split("|"), a.env)
+    report = {"benchmark": f"MoE layer variants ({a.env}), K4 mcg",
               "versions": fb.versions(), "rows": rows}
     if a.out:
         with open(a.out, "w") as f:

@@ -1,7 +1,7 @@
 """Validate the GPU Trellis GEMM kernels on a CUDA machine; writes one JSON report.
 
   python scripts/gpu_validate.py --out $OUT/gpu_validate.json [--budget-s 420] [--quick] [--group]
-  python scripts/gpu_validate.py --memcheck decode|prefill|group   (under compute-sanitizer)
+  python scripts/gpu_validate.py --memcheck decode|prefill|group|row (under compute-sanitizer)
   python scripts/gpu_validate.py --sass DIR                    (cubins + cuobjdump SASS)
 
 Sections (each recorded even if another fails):
@@ -15,10 +15,16 @@ Sections (each recorded even if another fails):
   group (--group): linear groups (members (n, n/4, n/4) and (n, n), sharing x, one launch of
     each kernel) vs each member's fp32 reference, NaN-poisoned partials and the production
     dispatch (ops.trellis_matmul_group), m in {1, 3, 16, 32}.
+  row_linear: one token through the row linear (ffi/trellis_linear.py: one custom call, the
+    default at m = 1), also with NaN-poisoned partials, vs the fp32 reference (relative L2 <=
+    1e-3), and its distance from the decode plan's three calls (EXL3_JAX_ROW_LINEAR=0; its own
+    K-split and warp order, so not bitwise); single linears and groups of the Llama-3-8B and
+    test shapes.
   dispatch: exl3_jax.ops.trellis_matmul on the GPU backend vs the reference backend.
   row_scale: the fp16 boundary inside the Hadamard kernels (ffi/hadamard.py): rows whose rotated
     operand would overflow fp16 (a row aligned with a Hadamard row; a bf16 row of ~1e6) plus an
-    ordinary row, bf16, through a decode linear, a prefill linear and a group, vs float64 NumPy
+    ordinary row, bf16, through a decode linear, a prefill linear and a group (and each row
+    alone through the row linear, single and group), vs float64 NumPy
     (finite, per-row relative L2 <= 2e-3); and the input kernel's scales bitwise equal to
     trellis_gemm.row_scale.
   bench: a timing table vs a bf16 jnp.dot in a jitted loop (exl3_jax.ffi.bench).
@@ -194,6 +200,55 @@ def check_group(cb, K, k, members, ms=GROUP_M):
     return rows
 
 
+ROW_SHAPES = ((1024, 512, None), (4096, 4096, None), (14336, 4096, None),
+              (4096, 6144, (4096, 1024, 1024)), (4096, 28672, (14336, 14336)))
+
+
+def check_row_linear(cb, K, k, n, members):
+    """One bf16 token through the row linear and the three-call decode path (module docstring);
+    member 0 carries a bias."""
+    from exl3_jax.ops import trellis_matmul_group
+    ws = []
+    for i, nn in enumerate(members or (n,)):
+        w = gb.random_weight(k, nn, K, cb, seed=61 + i)
+        bias = (jnp.asarray(np.random.default_rng(70 + i).standard_normal(nn) * 0.1, jnp.float16)
+                if i == 0 else None)
+        ws.append(type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features,
+                          w.out_features))
+    x = jax.device_put(np.random.default_rng(k + n).standard_normal((1, k)).astype(jnp.bfloat16))
+    target = ws if members else ws[0]
+    cfg = tg._row_linear_config(target, select_plan(1, k, n, force="decode"))
+    outs = {}
+    saved = os.environ.get(tg.ROW_LINEAR_ENV)
+    try:
+        for flag in ("1", "0"):
+            os.environ[tg.ROW_LINEAR_ENV] = flag       # read at trace time: a new jit each
+            fwd = jax.jit(lambda x, ws: jnp.concatenate(trellis_matmul_group(x, ws, backend="gpu"),
+                                                        axis=-1) if members else
+                          tg.trellis_matmul_gpu(x, ws[0]))
+            outs[flag] = np.asarray(fwd(x, ws))
+    finally:
+        if saved is None:
+            os.environ.pop(tg.ROW_LINEAR_ENV, None)
+        else:
+            os.environ[tg.ROW_LINEAR_ENV] = saved
+    poisoned = np.asarray(jax.jit(lambda x, ws: tg.row_linear(
+        x, ws if members else ws[0], cfg, poison=True))(x, ws), np.float64)
+    ref = np.concatenate([np.asarray(linear_reference(x, w.trellis, w.suh, w.svh, w.codebook,
+                                                      w.bias), np.float64) for w in ws], axis=-1)
+    three = np.asarray(outs["0"], np.float64)
+    row = dict(codebook=cb, K=K, k=k, n=n, members=list(members or ()), splits=cfg.mma.splits,
+               warps_n=cfg.mma.warps_n, rel_l2_vs_three_calls=float(
+                   np.linalg.norm(outs["1"] - three) / np.linalg.norm(three)))
+    for name, y in (("row", np.asarray(outs["1"], np.float64)), ("poisoned", poisoned)):
+        nan = int(np.sum(~np.isfinite(y)))
+        row[f"{name}_nonfinite"] = nan
+        row[f"{name}_rel_l2"] = (float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+                                 if nan == 0 else float("inf"))
+    row["ok"] = bool(row["row_rel_l2"] <= 1e-3 and row["poisoned_rel_l2"] <= 1e-3)
+    return row
+
+
 def check_dispatch(k=1024, n=512):
     from exl3_jax.ops import trellis_matmul
     w = gb.random_weight(k, n, 3, "mcg", seed=3)
@@ -232,12 +287,16 @@ def check_row_scale(k=1024, n=512):
         return {"decode": [tg.trellis_matmul_gpu(xb, ws[0], plan="decode")],
                 "prefill": [tg.trellis_matmul_gpu(xb, ws[0], plan="prefill")],
                 "group": trellis_matmul_group(xb, ws, backend="gpu"),
+                "row": [jnp.concatenate([tg.trellis_matmul_gpu(xb[r:r + 1], ws[0], plan="decode")
+                                         for r in range(3)])],
+                "row_group": [jnp.concatenate(ys) for ys in zip(*[
+                    trellis_matmul_group(xb[r:r + 1], ws, backend="gpu") for r in range(3)])],
                 "scales": tg.hadamard_in(xb, ws[0].suh, 8, "fragments")[1][:3],
                 "want_scales": tg.row_scale(xb, ws[0].suh)[:, 0]}
 
     out = run(xb, ws)
     rows = []
-    for path in ("decode", "prefill", "group"):
+    for path in ("decode", "prefill", "group", "row", "row_group"):
         for i, y in enumerate(out[path]):
             y = np.asarray(y, np.float64)
             rel = [float(np.linalg.norm(y[r] - refs[i][r]) / np.linalg.norm(refs[i][r]))
@@ -325,7 +384,25 @@ def run_validation(args) -> dict:
                 f"worst_rel_l2={max(r.get('rel_l2', float('inf')) for r in rs):.3g}")
         return rows
 
+    def row_linear():
+        rows = []
+        # every config once, each on the next shape (a config count of 5 covers all 5 twice)
+        for (cb, K), (rk, rn, members) in zip(itertools.cycle(configs(args.quick)),
+                                               ROW_SHAPES * 2):
+            if time.time() > deadline:
+                rows.append({"skipped": "budget"})
+                break
+            try:
+                r = check_row_linear(cb, K, rk, rn, members)
+            except Exception as e:   # noqa: BLE001
+                r = {"codebook": cb, "K": K, "k": rk, "n": rn,
+                     "error": f"{type(e).__name__}: {e}"[:2000], "ok": False}
+            rows.append(r)
+            log(f"[row_linear] {json.dumps(r)[:400]}")
+        return rows
+
     section("decode_exact", decode_exact)
+    section("row_linear", row_linear)
     if args.group:
         section("group", group)
     section("gemm", gemm)
@@ -357,9 +434,10 @@ def summarize(report):
             worst = max((r.get("rel_l2", 0) for r in res if r.get("ok")), default=None)
             log(f"SUMMARY gemm: {len(ok)}/{len(res)} cases rel_l2<=1e-3 and no NaN; "
                 f"worst passing rel_l2={worst}")
-        elif name == "group":
+        elif name in ("group", "row_linear"):
             ok = [r for r in res if r.get("ok")]
-            log(f"SUMMARY group: {len(ok)}/{len(res)} cases rel_l2<=1e-3 and no NaN")
+            log(f"SUMMARY {name}: {len(ok)}/{len(res)} cases ok (rel_l2<=1e-3, no NaN"
+                + ")")
         elif name in ("dispatch", "row_scale"):
             log(f"SUMMARY {name}: {res}")
         elif name == "bench":
@@ -376,7 +454,27 @@ def write(report, path):
 
 
 def run_memcheck(kind: str) -> int:
-    """One small configuration per plan (and a linear group), for compute-sanitizer memcheck."""
+    """One small configuration per plan (and a linear group; "row": one token through the row
+    linear, a group with a bias and a single linear), for compute-sanitizer memcheck."""
+    if kind == "row":
+        k, members = 1024, (512, 256, 256)
+        ws = [gb.random_weight(k, n, 4, "mcg", seed=i) for i, n in enumerate(members)]
+        bias0 = jnp.asarray(np.random.default_rng(7).standard_normal(members[0]), jnp.float16)
+        ws[0] = type(ws[0])(ws[0].trellis, ws[0].suh, ws[0].svh, bias0, "mcg", 4, k, members[0])
+        w1 = gb.random_weight(k, 384, 3, "mul1", seed=5)
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((1, k)), jnp.float32)
+        bad = 0
+        for name, target, n in (("group", ws, sum(members)), ("single", w1, 384)):
+            cfg = tg._row_linear_config(target, select_plan(1, k, n, force="decode"))
+            y = np.asarray(jax.jit(lambda x, t: tg.row_linear(x, t, cfg, poison=True))(x, target))
+            refs = [linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
+                    for w in (target if isinstance(target, list) else [target])]
+            ref = np.concatenate([np.asarray(r) for r in refs], axis=1)
+            rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+            log(f"memcheck run row {name}: splits={cfg.mma.splits} rel_l2={rel:.3g} "
+                f"finite={np.isfinite(y).all()}")
+            bad += not rel < 1e-3
+        return 1 if bad else 0
     if kind == "group":     # the group kernel alone in the jitted program, references eagerly
         k, members, m = 1024, (512, 256, 256), 5
         ws = [gb.random_weight(k, n, 3, "mcg", seed=i) for i, n in enumerate(members)]
@@ -457,7 +555,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="5 representative configs only")
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--group", action="store_true", help="also validate linear groups")
-    p.add_argument("--memcheck", choices=("decode", "prefill", "group"))
+    p.add_argument("--memcheck", choices=("decode", "prefill", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")
     p.add_argument("--sass-shapes", default="4096x14336")

@@ -276,8 +276,30 @@ def emulated_kernels(monkeypatch):
         y = jnp.sum(part.reshape(splits, m_pad, n), axis=0)[:m]
         return tg.output_transform(y, svh, bias, None if scale is None else scale[:m, None])
 
+    def row_linear(x2, ws, cfg, poison=False):
+        # One custom call: per member, each K-split range rotated with its own power-of-two
+        # scale s_c, its partial product times s_c, then the output transform (row scale 1).
+        ws = list(ws) if isinstance(ws, (list, tuple)) else [ws]
+        calls.append(("row", cfg))
+        c = cfg.mma
+        ks = c.k // c.splits
+        ys = []
+        for w in ws:
+            x = jnp.asarray(x2, jnp.float32)
+            wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
+            y = 0.0
+            for s in range(c.splits):
+                seg, suh = x[:, s * ks:(s + 1) * ks], w.suh[s * ks:(s + 1) * ks]
+                sc = tg.row_scale(seg, suh)                              # [1, 1]
+                xh = hadamard128(seg * jnp.asarray(suh, jnp.float32) / sc).astype(jnp.float16)
+                y = y + jnp.matmul(xh.astype(jnp.float32), wh[s * ks:(s + 1) * ks],
+                                   precision="highest") * sc
+            ys.append(tg.output_transform(y, w.svh, w.bias, None))
+        return jnp.concatenate(ys, axis=1)
+
     monkeypatch.setattr(tg, "_cutlass_jax_ok", lambda: True)
     for name, fn in (("mma_partials_words", mma_partials_words), ("hadamard_in", hadamard_in),
+                     ("row_linear", row_linear),
                      ("mma_group_partials_words", mma_group_partials_words),
                      ("hadamard_out", hadamard_out),
                      ("dequantize_transposed", dequantize_transposed)):
@@ -297,7 +319,9 @@ def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms, codebook,
     assert y.shape == (m, 256) and y.dtype == jnp.float32
     rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
     assert rel < 1e-3                              # fp16 rounding of xh only
-    assert emulated_kernels[-1][0] == kind
+    # one token (cute transforms): the row linear, one custom call
+    row = m == 1 and kind == "decode" and transforms == "cute"
+    assert emulated_kernels[-1][0] == ("row" if row else kind)
 
 
 def test_row_scale_is_the_smallest_power_of_two(rng):
@@ -372,9 +396,11 @@ def test_linear_group_matches_its_members(rng, emulated_kernels, m, codebook, K,
     ws = [random_weight(rng, 512, n, K, codebook, bias=i == 0) for i, n in enumerate(members)]
     x = jnp.asarray(rng.standard_normal((m, 512)), jnp.float32)
     ys = jax.jit(lambda x, ws: trellis_matmul_group(x, ws, backend="gpu"))(x, ws)
-    assert [c[0] for c in emulated_kernels] == ["group"]
+    assert [c[0] for c in emulated_kernels] == ["row" if m == 1 else "group"]
     cfg = emulated_kernels[0][1]
-    assert cfg.members == members and cfg.n == sum(members) and cfg.x_k16 == 32 * len(members)
+    cfg = cfg.mma if m == 1 else cfg
+    assert cfg.members == members and cfg.n == sum(members)
+    assert m == 1 or cfg.x_k16 == 32 * len(members)
     for y, w in zip(ys, ws):
         ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
         assert y.shape == ref.shape
@@ -421,6 +447,60 @@ def test_models_project_their_shared_inputs_as_groups(rng, emulated_kernels, mon
     emulated_kernels.clear()
     project(x, qkv)
     assert [c[0] for c in emulated_kernels] == ["decode", "decode"]
+
+
+@needs_cutlass
+def test_row_linear_shared_memory_is_b_fragment_order():
+    # The row linear keeps its rotated k range in shared memory; the k loop of lane t reads
+    # step kt's register i at (kt * 4 + i) * 4 + t. For split pairs that must be the element
+    # b_fragment_slot gives register i of lanes t (token 0) and every element exactly once;
+    # packed kernels read row order.
+    from exl3_jax.ffi.trellis_geometry import b_fragment_slot
+    from exl3_jax.ffi.trellis_linear import _smem_slot
+    n = 256
+    slots = [_smem_slot(c, True) for c in range(n)]
+    assert sorted(slots) == list(range(n))
+    for c in range(n):
+        G, kt, i, lane = b_fragment_slot(0, c)
+        assert G == 0 and lane < 4 and slots[c] == (kt * 4 + i) * 4 + lane
+    assert [_smem_slot(c, False) for c in range(n)] == list(range(n))
+
+
+@needs_cutlass
+def test_row_linear_config(rng, monkeypatch):
+    # One token of a decode plan runs as the row linear when a row tiling fits (whole
+    # 128-blocks per K-split, each member's columns a multiple of the CTA's); anything else
+    # keeps the three calls, and EXL3_JAX_ROW_LINEAR=0 turns it off.
+    from exl3_jax.ffi.trellis_linear import MAX_SPLITS, row_plan
+    w = random_weight(rng, 512, 256, 4, "mcg", bias=True)
+    cfg = tg._row_linear_config(w, plans.select_plan(1, 512, 256, force="decode"))
+    c = cfg.mma
+    assert (c.k, c.n, c.members, c.warps) == (512, 256, (), 8) and cfg.pdl
+    assert (cfg.out.rows, cfg.out.width, cfg.out.splits, cfg.out.part_rows) == (
+        1, 256, c.splits, 1) and cfg.out.biased == (True,)
+    assert tg._row_linear_config(w, plans.select_plan(2, 512, 256, force="decode")) is None
+    assert tg._row_linear_config(w, plans.select_plan(1, 512, 256, force="prefill")) is None
+    ws = [w, random_weight(rng, 512, 128, 4, "mcg")]
+    g = tg._row_linear_config(ws, plans.select_plan(1, 512, 384, force="decode"))
+    assert g.mma.members == (256, 128) and g.out.members == (256, 128)
+    assert g.out.biased == (True, False)
+    # Every plan: whole 128-blocks per split, each warp a whole number of chunks, each member
+    # whole CTAs, the grid filled or K split as far as it goes.
+    for k, n, members in ((4096, 6144, (4096, 1024, 1024)), (14336, 4096, ()),
+                          (4096, 14336, ()), (4096, 2048, ()), (2048, 5120, (4096, 512, 512)),
+                          (768, 2048, ()), (512, 384, (256, 128))):
+        p = row_plan("mcg", 4, k, n, members, sms=132)
+        assert p is not None and p.splits <= MAX_SPLITS
+        assert (p.k_per_split * 16) % 128 == 0
+        assert p.k_per_split % (p.warps_k * p.unroll) == 0
+        assert all(n16 % p.cta_n16 == 0 for _, n16 in p.member_tiles)
+        assert p.grid[0] * p.grid[1] >= 264 or p.k_per_split == p.warps_k * p.unroll
+    assert row_plan("mcg", 4, 128, 256) is None                 # k = 128: no whole chunk row
+    assert row_plan("mcg", 4, 8192, 28672) is None              # > MAX_WEIGHTS: three calls
+    assert row_plan("mcg", 4, 4096, 28672, (14336, 14336)) is None
+    assert row_plan("mcg", 4, 256, 272, (256, 16)) is None      # a member of one n16 tile
+    monkeypatch.setenv(tg.ROW_LINEAR_ENV, "0")
+    assert tg._row_linear_config(w, plans.select_plan(1, 512, 256, force="decode")) is None
 
 
 def test_group_config_checks():
@@ -474,8 +554,16 @@ def test_compile_cases_cover_the_plan_parameters():
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch):
+    # had_in, GEMM kernel, had_out; one token (every m = 1 case here has a row tiling): the row
+    # linear's one call of two kernels
+    from exl3_jax.ffi.trellis_linear import row_plan
     for row in check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900):
-        assert row["custom_call"] and row["calls"] == 3, row   # had_in, GEMM kernel, had_out
+        members = tuple(row.get("members", ()))
+        one = row["m"] == 1 and row["plan"] == "decode"
+        assert not one or row_plan(row["codebook"], row["K"], row["k"], row["n"], members)
+        assert row["custom_call"] and row["calls"] == (1 if one else 3), row
+        if one:
+            assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row
 
 
 DISPATCH_EXPORT = """
