@@ -313,7 +313,8 @@ def _row_linear_config(weights, plan: TrellisPlan):
     weights = _as_members(weights)
     w0 = weights[0]
     members = tuple(w.n for w in weights) if len(weights) > 1 else ()
-    mma = trellis_linear.row_plan(w0.codebook, w0.K, w0.k, sum(w.n for w in weights), members)
+    mma = trellis_linear.row_plan(w0.codebook, w0.K, w0.k, sum(w.n for w in weights), members,
+                                  sms=device_sms())
     if mma is None:
         return None
     out = HadamardConfig(rows=1, valid=1, width=mma.n, splits=mma.splits, part_rows=1,
