@@ -45,7 +45,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
 from .trellis_gemm import ROW_LIMIT_LOG2
-from .trellis_geometry import b_fragment_slot, b_fragment_word
+from .trellis_geometry import b_fragment_slot, b_fragment_word, row_fragment_slot
 from .trellis_mma import MAX_MEMBERS     # the kernels below take this many vector pointers
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
@@ -234,10 +234,30 @@ def rotation_inputs(x, suh, src, srow, keep, blocks):
 
 def rotated_fp16(v, inv, lane):
     """fp16(H128(v * inv)) of this lane's 4 values (inv: 1 / the row's power-of-two scale):
-    what _rotate_store, the MoE glue and FC1's prologue and the row linear store. Plain Python
-    inlined at trace time."""
+    what store_rotated stores (_rotate_store's arithmetic, written there inline: routing it
+    through this helper changed the input kernel's FMA contraction pairs). Plain Python inlined
+    at trace time."""
     h = hadamard128_lane([vi * inv for vi in v], lane)
     return [Float16(hi * Float32(SCALE)) for hi in h]
+
+
+@cute.jit
+def store_rotated(vals: list, blocks: list, inv, lane, dst, base,
+                  fragments: cutlass.Constexpr = False):
+    """rotated_fp16 of each real block of ``blocks`` (row_blocks; vals as rotation_inputs
+    returns them) into ``dst``: column c (this lane's 4 of each block) at base + c, or with
+    ``fragments`` at base + row_fragment_slot(c) (trellis_geometry). The store shared by the
+    MoE glue, FC1's prologue and the row linear."""
+    for i in cutlass.range_constexpr(len(blocks)):
+        real, c0 = blocks[i]
+        if real:
+            f16 = rotated_fp16(vals[i], inv, lane)
+            for j in cutlass.range_constexpr(4):
+                c = c0 + 4 * lane + j
+                if cutlass.const_expr(fragments):
+                    dst[base + row_fragment_slot(c)] = f16[j]
+                else:
+                    dst[base + c] = f16[j]
 
 
 def abs_max(amax, v):

@@ -233,6 +233,12 @@ def _as_members(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _bias_args(biases, svhs) -> list:
+    """The output transform's bias pointers: a member without a bias passes its svh (never
+    read: its HadamardConfig.biased entry is False)."""
+    return _member_args([b if b is not None else v for b, v in zip(biases, svhs)], jnp.float16)
+
+
 def _member_args(arrays, dtype=None) -> list:
     """The MAX_MEMBERS kernel pointers of a linear group (or one linear): the members' arrays
     (cast to ``dtype`` if given), unused slots repeating the last."""
@@ -340,8 +346,7 @@ def row_linear(x_row, weights, cfg, *, poison: bool = False):
     args = [x, *_member_args([w.suh for w in weights], jnp.float16),
             *_member_args([trellis_words(w.trellis) for w in weights]),
             *_member_args([w.svh for w in weights], jnp.float16),
-            *_member_args([w.bias if w.bias is not None else w.svh for w in weights],
-                          jnp.float16),
+            *_bias_args([w.bias for w in weights], [w.svh for w in weights]),
             jnp.ones((1,), jnp.float32)]
     shapes = (jax.ShapeDtypeStruct((nparts,), jnp.float32),
               jax.ShapeDtypeStruct((c.n,), jnp.float32))
@@ -374,7 +379,7 @@ def hadamard_out(part, svh, bias, scale, *, m: int, m_pad: int, splits: int, n: 
     y = cutlass_call(launch_hadamard_out, cfg=cfg, compile_options=_cute_options(),
                      output_shape_dtype=jax.ShapeDtypeStruct((m * n,), jnp.float32))(
         part, *_member_args(svhs, jnp.float16),
-        *_member_args([b if b is not None else v for b, v in zip(biases, svhs)], jnp.float16),
+        *_bias_args(biases, svhs),
         jnp.asarray(scale, jnp.float32).reshape(-1))
     return y.reshape(m, n)
 

@@ -183,6 +183,15 @@ def b_fragment_slot(row, kk):
     return row // 8, kk // 16, 2 * (w % 2) + w // 8, 4 * (row % 8) + (w % 8) // 2
 
 
+def row_fragment_slot(c):
+    """One token's B fragments as a compact sequence (the row linear's shared memory): column
+    c of the row (k16 step j = c // 16) goes to (j * 4 + i) * 4 + t, its register i and lane t
+    < 4 of b_fragment_slot(0, c); lanes 4..31 (tokens 1..7) read lane t % 4's. Plain integer
+    arithmetic (DSL integers in the kernel)."""
+    kk = c % 16
+    return ((c // 16) * 4 + 2 * (kk % 2) + kk // 8) * 4 + (kk % 8) // 2
+
+
 def b_fragment_word(G, kt, i, lane, k16: int):
     """uint32 word index of register i of ``lane`` for token group G, k16 step kt: the words of
     one register index are contiguous across the 32 lanes (one 128-byte load per warp)."""

@@ -42,11 +42,12 @@ from exl3_jax.ops.plans import DEFAULT_SMS
 
 from .cute_ops import cta_thread_ids, lane_funnels
 from .hadamard import (HadamardConfig, _hadamard_out_kernel, cta_max, power_of_two_inverse,
-                       rotated_fp16, rotation_inputs, row_blocks, row_scale)
+                       rotation_inputs, row_blocks, row_scale, store_rotated)
 from .hadamard import THREADS as OUT_THREADS
 from .trellis_geometry import lane_geometry
-from .trellis_mma import (MAX_MEMBERS, MmaTiling, fold_warp_partials, fragments_of_words,
-                          launch_bounds, load_chunk_weights, mma_chunk, zero_accumulators)
+from .trellis_mma import (MmaTiling, check_group_members, fold_warp_partials,
+                          fragments_of_words, launch_bounds, load_chunk_weights,
+                          load_chunk_x_words, member_tile_ranges, mma_chunk, zero_accumulators)
 
 MAX_SPLITS = 32          # the output transform sums this many partials per element at most
 # Larger linears keep the three calls: their decode kernel outweighs the saved launch, and the
@@ -84,17 +85,9 @@ class RowGemmConfig(MmaTiling):
         return self.warps_n * self.n_tiles
 
     @property
-    def x_layout(self) -> str:
-        return "fragments" if self.split_pairs else "rows"
-
-    @property
     def member_tiles(self) -> tuple:
         """(first n16 tile, n16 tiles) of each member (one linear: itself)."""
-        ns = self.members or (self.n,)
-        starts = [0]
-        for n in ns:
-            starts.append(starts[-1] + n // 16)
-        return tuple((starts[i], n // 16) for i, n in enumerate(ns))
+        return member_tile_ranges(self.members or (self.n,))
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -114,10 +107,8 @@ class RowGemmConfig(MmaTiling):
 
     def validate(self) -> "RowGemmConfig":
         self.check_tiling()
-        if self.members and (not 2 <= len(self.members) <= MAX_MEMBERS
-                             or sum(self.members) != self.n):
-            raise ValueError(f"a linear group needs 2..{MAX_MEMBERS} members summing to "
-                             f"n={self.n}, got {self.members}")
+        if self.members:
+            check_group_members(self.members, self.n)
         if self.splits > MAX_SPLITS:
             raise ValueError(f"{self.splits} K-splits; the output transform takes <= "
                              f"{MAX_SPLITS}")
@@ -171,30 +162,6 @@ class RowLinearConfig:
     pdl: bool = True
 
 
-def _smem_slot(c, fragments: bool):
-    """Shared-memory element of local column c (within the CTA's k range): B-fragment order for
-    split pairs (k16 step j, register i = 2h + r, lane quad t hold k row 2t + 8r + h, as
-    trellis_geometry.b_fragment_slot with lanes 4..31 folded onto 0..3), else row order. Plain
-    Python on DSL integers."""
-    if not fragments:
-        return c
-    kk = c % 16
-    return ((c // 16) * 4 + 2 * (kk % 2) + kk // 8) * 4 + (kk % 8) // 2
-
-
-def _chunk_x_words(xs16, xs32, c0, base, cfg):
-    """The raw B words of the chunk at k16 step c0 (global index; ``base`` folds in the range's
-    first step) from shared memory: 4 zero-extended fp16 per step (split pairs) or 2 fp16
-    pairs (packed). Plain Python inlined at trace time."""
-    words = []
-    for u in range(cfg.unroll):
-        if cfg.split_pairs:
-            words += [Uint32(xs16[base + (c0 + u) * 16 + 4 * i]) for i in range(4)]
-        else:
-            words += [xs32[base + (c0 + u) * 8], xs32[base + (c0 + u) * 8 + 4]]
-    return words
-
-
 @cute.jit
 def _member_row_gemm(x, suh, tw, xs, acc, tl0, n16: cutlass.Constexpr, k0, wk, lane, warp,
                      funnels: list, cfg: cutlass.Constexpr):
@@ -210,20 +177,16 @@ def _member_row_gemm(x, suh, tw, xs, acc, tl0, n16: cutlass.Constexpr, k0, wk, l
                                  blocks)
     s = row_scale(cta_max(amax, warp, cfg.warps))
     inv = power_of_two_inverse(s)
-    for i in cutlass.range_constexpr(len(blocks)):
-        real, cb = blocks[i]
-        if real:
-            f16 = rotated_fp16(vals[i], inv, lane)
-            for j in cutlass.range_constexpr(4):
-                xs[_smem_slot(cb + 4 * lane + j, cfg.split_pairs)] = f16[j]
+    store_rotated(vals, blocks, inv, lane, xs, 0, cfg.split_pairs)
     cute.arch.sync_threads()
-    xs16 = cute.recast_tensor(xs, Uint16)
-    xs32 = cute.recast_tensor(xs, Uint32)
+    # Split pairs: 4 fp16 per k16 step, each zero-extended into its register (a 16-bit view);
+    # packed: 2 fp16 pairs (row order, a 32-bit view). base folds in the range's first step.
+    xsrc = cute.recast_tensor(xs, Uint16 if cfg.split_pairs else Uint32)
     base = lane % 4 - k0 * (16 if cfg.split_pairs else 8)
     for c0 in cutlass.range(k0 + wk * cfg.unroll, k0 + cfg.k_per_split,
                             cfg.warps_k * cfg.unroll):
         wbuf = load_chunk_weights(tw, c0, tl0, funnels, geo, cfg, n16)
-        bfrag = fragments_of_words(_chunk_x_words(xs16, xs32, c0, base, cfg), cfg)
+        bfrag = fragments_of_words(load_chunk_x_words(xsrc, c0, base, cfg, lanes=4), cfg)
         mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
     return s
 

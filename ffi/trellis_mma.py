@@ -60,6 +60,21 @@ from .trellis_geometry import A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geo
 MAX_MEMBERS = 3        # linears per group kernel (q/k/v); the kernel takes this many trellis args
 
 
+def member_tile_ranges(ns) -> tuple:
+    """(first n16 tile, n16 tiles) of each of the output widths ``ns`` laid side by side."""
+    starts = [0]
+    for n in ns:
+        starts.append(starts[-1] + n // 16)
+    return tuple((starts[i], n // 16) for i, n in enumerate(ns))
+
+
+def check_group_members(members, n: int) -> None:
+    """A linear group: 2..MAX_MEMBERS members whose widths sum to n."""
+    if not 2 <= len(members) <= MAX_MEMBERS or sum(members) != n:
+        raise ValueError(f"a linear group needs 2..{MAX_MEMBERS} members summing to "
+                         f"n={n}, got {members}")
+
+
 class MmaTiling:
     """Derived sizes and tiling checks shared by the dense (MmaConfig) and grouped MoE
     (trellis_moe.GroupedMmaConfig) kernel configs; needs fields k, n, m_tile, n_tiles, warps,
@@ -100,6 +115,15 @@ class MmaTiling:
         registers cost more than that (+20% at m=16), and mul1's dp4a decode already loads the
         FMA pipe, so both keep packed pairs (bench/NOTES.md)."""
         return self.codebook in SPLIT_PAIR_CODEBOOKS and self.m_groups == 1
+
+    @property
+    def x_layout(self) -> str:
+        """How xw is laid out: B-fragment order with split pairs (one 128-byte load per warp
+        and register, no ALU work), else row-major fp16 pairs (the grouped MoE kernel
+        overrides it: always rows). Measured on the H200: packed pairs from B-fragment order
+        took 3-8 more registers, which cost a CTA per SM and made 8192x28672 K3 mul1 m=1 18%
+        slower, so packed kernels keep rows."""
+        return "fragments" if self.split_pairs else "rows"
 
     @property
     def acc_regs(self) -> int:
@@ -146,18 +170,7 @@ class MmaConfig(MmaTiling):
     @property
     def member_tiles(self) -> tuple:
         """(first n16 tile, n16 tiles) of each member in the output columns."""
-        starts = [0]
-        for n in self.members:
-            starts.append(starts[-1] + n // 16)
-        return tuple((starts[i], n // 16) for i, n in enumerate(self.members))
-
-    @property
-    def x_layout(self) -> str:
-        """How xw is laid out: B-fragment order with split pairs (one 128-byte load per warp
-        and register, no ALU work), else row-major fp16 pairs. Measured on the H200: packed
-        pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
-        8192x28672 K3 mul1 m=1 18% slower, so packed kernels keep rows."""
-        return "fragments" if self.split_pairs else "rows"
+        return member_tile_ranges(self.members)
 
     @property
     def m_pad(self) -> int:
@@ -172,9 +185,7 @@ class MmaConfig(MmaTiling):
             raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
         self.check_tiling()
         if self.members:
-            if not 2 <= len(self.members) <= MAX_MEMBERS or sum(self.members) != self.n:
-                raise ValueError(f"a linear group needs 2..{MAX_MEMBERS} members summing to "
-                                 f"n={self.n}, got {self.members}")
+            check_group_members(self.members, self.n)
             if any(n % (16 * self.n_tiles) for n in self.members):
                 raise ValueError(f"every member's n must be a multiple of 16 * n_tiles="
                                  f"{16 * self.n_tiles}, got {self.members}")
@@ -214,10 +225,11 @@ def load_chunk_weights(tw, c0, tile0, funnels, geo, cfg, n16=None):
             for w in _tile_row_words(tw, c0 + u, tile0, funnels, geo, cfg, n16)]
 
 
-def load_chunk_x_words(xw, c0, x_base, cfg, keep=None):
+def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32):
     """load_chunk's activation words alone, raw (fragments_of_words makes bfrag of them);
-    keep: a predicate, False zeroes every word (a chunk this warp does not own adds 0)."""
-    words = [w for u in range(cfg.unroll) for w in _row_words(xw, c0 + u, x_base, cfg)]
+    keep: a predicate, False zeroes every word (a chunk this warp does not own adds 0);
+    lanes: see _row_words."""
+    words = [w for u in range(cfg.unroll) for w in _row_words(xw, c0 + u, x_base, cfg, lanes)]
     if keep is not None:
         words = [cutlass.select_(keep, w, Uint32(0)) for w in words]
     return words
@@ -279,14 +291,16 @@ def _tile_row_words(tw, kt, tile0, funnels, geo, cfg, n16):
             for j in range(cfg.n_tiles)]
 
 
-def _row_words(xw, kt, x_base, cfg):
-    """Raw activation words of k16 step kt for every token group (see load_chunk)."""
+def _row_words(xw, kt, x_base, cfg, lanes: int = 32):
+    """Raw activation words of k16 step kt for every token group (see load_chunk). lanes: the
+    lanes of the B-fragment order's registers, 32, or 4 for one token's row in shared memory
+    (trellis_linear: lanes 4..31 read lanes 0..3's fp16, zero-extended from a 16-bit view)."""
     kw = cfg.x_k16 * 8
     words = []
     for g in range(cfg.m_groups):
         if cfg.x_layout == "fragments":
-            w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * 32
-            words += [xw[w0 + 32 * i] for i in range(B_REGS)]
+            w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * lanes
+            words += [Uint32(xw[w0 + lanes * i]) for i in range(B_REGS)]
         else:
             base = x_base + g * 8 * kw + kt * 8
             words += [xw[base], xw[base + 4]]

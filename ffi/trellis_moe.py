@@ -73,7 +73,7 @@ from . import trellis_gemm as tg
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, lane_funnels
 from .hadamard import SCALE as HAD_SCALE
 from .hadamard import (WARPS, HadamardConfig, abs_max, cta_max, power_of_two_inverse,
-                       rotated_fp16, rotation_inputs, row_blocks, row_scale)
+                       rotation_inputs, row_blocks, row_scale, store_rotated)
 from .trellis_geometry import lane_geometry, supported_rates
 from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_partials,
                           load_chunk, load_chunk_weights, load_chunk_x_words, mma_chunk,
@@ -218,12 +218,7 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             inv = power_of_two_inverse(s)
             xs = cutlass.memory.SmemAllocator().allocate_tensor(
                 Float16, cute.make_layout(cfg.k), 16)
-            for i in cutlass.range_constexpr(len(blocks)):
-                real, cb = blocks[i]
-                if real:
-                    f16 = rotated_fp16(vals[i], inv, lane)
-                    for j in cutlass.range_constexpr(4):
-                        xs[cb + 4 * lane + j] = f16[j]
+            store_rotated(vals, blocks, inv, lane, xs, 0)
             cute.arch.sync_threads()
             xsrc = cute.recast_tensor(xs, Uint32)
             x_base = lane % 4                 # the one row in shared memory
@@ -372,13 +367,7 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     if tid == 0:
         scale[bx] = s
     inv = power_of_two_inverse(s)
-    base = (plane * cfg.plane_rows + row) * cfg.width + 4 * lane
-    for i in cutlass.range_constexpr(len(blocks)):
-        real, c0 = blocks[i]
-        if real:
-            f16 = rotated_fp16(vals[i], inv, lane)
-            for j in cutlass.range_constexpr(4):
-                out[base + c0 + j] = f16[j]
+    store_rotated(vals, blocks, inv, lane, out, (plane * cfg.plane_rows + row) * cfg.width)
 
 
 @cute.kernel
@@ -433,12 +422,7 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
     if tid == 0:
         scale2[row] = s
     inv = power_of_two_inverse(s)
-    for i in cutlass.range_constexpr(len(blocks)):
-        real, c0 = blocks[i]
-        if real:
-            f16 = rotated_fp16(hs[i], inv, lane)
-            for j in cutlass.range_constexpr(4):
-                out[row * cfg.width + c0 + 4 * lane + j] = f16[j]
+    store_rotated(hs, blocks, inv, lane, out, row * cfg.width)
 
 
 @cute.kernel

@@ -24,7 +24,7 @@ from exl3_jax.format.spec import width_from_rate
 from exl3_jax.ffi import trellis_gemm as tg
 from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_fragment_word,
                                            emulate_lane_states, lane_geometry,
-                                           supported_rates)
+                                           row_fragment_slot, supported_rates)
 from exl3_jax.ops import plans
 from exl3_jax.trellis import Exl3Weight, decode_trellis, linear_reference, tile_perm, unpack_states
 
@@ -449,21 +449,17 @@ def test_models_project_their_shared_inputs_as_groups(rng, emulated_kernels, mon
     assert [c[0] for c in emulated_kernels] == ["decode", "decode"]
 
 
-@needs_cutlass
 def test_row_linear_shared_memory_is_b_fragment_order():
     # The row linear keeps its rotated k range in shared memory; the k loop of lane t reads
     # step kt's register i at (kt * 4 + i) * 4 + t. For split pairs that must be the element
-    # b_fragment_slot gives register i of lanes t (token 0) and every element exactly once;
-    # packed kernels read row order.
-    from exl3_jax.ffi.trellis_geometry import b_fragment_slot
-    from exl3_jax.ffi.trellis_linear import _smem_slot
+    # b_fragment_slot gives register i of lanes t (token 0) and every element exactly once.
+    # (Packed kernels store row order: hadamard.store_rotated's base + c.)
     n = 256
-    slots = [_smem_slot(c, True) for c in range(n)]
+    slots = [row_fragment_slot(c) for c in range(n)]
     assert sorted(slots) == list(range(n))
     for c in range(n):
         G, kt, i, lane = b_fragment_slot(0, c)
         assert G == 0 and lane < 4 and slots[c] == (kt * 4 + i) * 4 + lane
-    assert [_smem_slot(c, False) for c in range(n)] == list(range(n))
 
 
 @needs_cutlass
