@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Uint32, Uint64
+from cutlass import Float32, Int64, Uint32, Uint64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -169,6 +169,24 @@ def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
 
 
 @dsl_user_op
+def _ld_nc_v4(addr, offset: int, *, loc=None, ip=None) -> list:
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+                          [Int64(addr).ir_value(loc=loc, ip=ip)],
+                          f"ld.global.nc.v4.u32 {{$0, $1, $2, $3}}, [$4+{offset}];",
+                          "=r,=r,=r,=r,l", has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+def load_words_v4(words, index, offset: int = 0):
+    """words[index + offset .. + 3] of a global uint32 tensor as one 16-byte load
+    (LDG.E.128.CONSTANT; index + offset a multiple of 4; offset a compile-time int, folded
+    into the instruction's immediate). Read-only data: the tensor must not be written while
+    the kernel runs (the decode kernel's activation words, written by the kernel before it)."""
+    return _ld_nc_v4(words.iterator.toint() + Int64(index) * 4, 4 * offset)
+
+
+@dsl_user_op
 def byte_window(r, *, loc=None, ip=None) -> Uint32:
     """(r >> 8) & 0xFFFF as one byte permute against zero (prmt selector 0x4421)."""
     res = llvm.inline_asm(
@@ -219,4 +237,5 @@ def hadamard128_lane(v, lane):
 
 __all__ = ["SPLIT_PAIR_CODEBOOKS", "block_row_col", "cta_thread_ids", "decode_pair",
            "decode_single", "decode_words", "decode_words_split", "lane_states", "hadamard128_lane",
-           "lane_funnels", "load_tile_words", "mma_m16n8k16_f16_f32", "warp_task"]
+           "lane_funnels", "load_tile_words", "load_words_v4", "mma_m16n8k16_f16_f32",
+           "warp_task"]

@@ -23,7 +23,8 @@ Layout contract (flat row-major, sizes static):
           (G = 1 for one linear; unused slots of the MAX_MEMBERS pointers repeat a member) ->
           (xh f16, s f32 [m_pad]): xh "rows" [m_pad, G * k], or "fragments"
           [2 * m_pad * G * k], the decode kernel's split-pair B-fragment words
-          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32), of the row
+          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32), or "token"
+          [2 * G * k] (m = m_pad = 1: one token's such words, token_fragment_word), of the row
           [x, x, ..., x] (G * k wide), copy g rotated with suh_g; one s per row, the max over
           every copy; s[r] = 1 for r >= m
   output: part f32 [splits, m_pad, n], per member svh_g f16 [n_g] and, where ``biased[g]``,
@@ -45,7 +46,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
 from .trellis_gemm import ROW_LIMIT_LOG2
-from .trellis_geometry import b_fragment_slot, b_fragment_word, row_fragment_slot
+from .trellis_geometry import (b_fragment_slot, b_fragment_word, row_fragment_slot,
+                               token_fragment_word)
 from .trellis_mma import MAX_MEMBERS     # the kernels below take this many vector pointers
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
@@ -55,7 +57,7 @@ LOAD_REGS = 96                      # row-max load registers (x and suh words) i
                                     # thread (with addresses and unpacking, <= 128 registers)
 STEP = 8                            # row-max elements per thread and step: one 16-byte word
                                     # of suh and of a 2-byte x (two words of an f32 x)
-LAYOUTS = ("rows", "fragments")     # input transform outputs (see the layout contract)
+LAYOUTS = ("rows", "fragments", "token")   # input transform outputs (layout contract)
 SPLIT_ROWS = 32                     # input transforms of up to this many rows split each row
 
 
@@ -78,6 +80,8 @@ class HadamardConfig:
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"Hadamard input layout {self.layout!r} is not one of {LAYOUTS}")
+        if self.layout == "token" and self.rows != 1:
+            raise ValueError(f"the token layout holds one row, got rows={self.rows}")
         if self.width % (128 * self.inputs):
             raise ValueError(f"width {self.width} is not {self.inputs} segments of whole "
                              f"128-blocks")
@@ -120,7 +124,7 @@ class HadamardConfig:
     @property
     def out_size(self) -> int:
         """fp16 elements of the input transform's output."""
-        return self.rows * self.width * (2 if self.layout == "fragments" else 1)
+        return self.rows * self.width * (1 if self.layout == "rows" else 2)
 
     @property
     def row_blocks(self) -> int:
@@ -340,6 +344,10 @@ def _rotate_store(v, factor, row, col, lane, out, cfg):
         h16 = Float16(v[e] * Float32(SCALE))
         if cfg.layout == "rows":
             out[row * cfg.width + col + e] = h16
+        elif cfg.layout == "token":             # one row: the validation makes rows == 1
+            word = token_fragment_word(col + e)
+            out[2 * word] = h16
+            out[2 * word + 1] = Float16(0.0)
         else:
             G, kt, q, ln = b_fragment_slot(row, col + e)
             word = b_fragment_word(G, kt, q, ln, cfg.width // 16)

@@ -24,8 +24,11 @@ Environment:
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
   EXL3_JAX_GROUPS = 1 | 0                     linears sharing an input (q/k/v, gate/up) run as one
                                               group per kernel (default 1; group_supported).
-  EXL3_JAX_ROW_LINEAR = 1 | 0                 one token as one custom call (default 1; 0: the
-                                              three calls of the decode plan).
+  EXL3_JAX_ROW_LINEAR = 1 | 0 | all           one token as one custom call (default 1, up to
+                                              trellis_linear.MAX_WEIGHTS weights; all: any size;
+                                              0: the three calls of the decode plan).
+  EXL3_JAX_ONE_TOKEN = 1 | 0                  m = 1 decode kernels read one token's activation
+                                              words (trellis_mma.MmaConfig.one_token; default 1).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -53,6 +56,7 @@ CUTE_OPTIONS_ENV = "EXL3_JAX_CUTE_OPTIONS"
 TRANSFORMS_ENV = "EXL3_JAX_TRANSFORMS"
 GROUPS_ENV = "EXL3_JAX_GROUPS"
 ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
+ONE_TOKEN_ENV = "EXL3_JAX_ONE_TOKEN"
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,11 +168,28 @@ def b_fragment_words(xh, m_pad: int):
     return jnp.transpose(bits, (0, 2, 5, 3, 1, 4)).reshape(-1)
 
 
+def token_fragment_words(xh):
+    """fp16 [1, k] -> flat uint32 [k], one token's split-pair B-fragment words
+    (trellis_geometry.token_fragment_word as one reshape and transpose; the input transform
+    kernel writes them with layout "token")."""
+    # [kt, r, t, h]: k = 16 kt + 8 r + 2 t + h -> [kt, t, h, r] (register 2h + r of lane t).
+    x4 = jnp.asarray(xh, jnp.float16).reshape(xh.shape[-1] // 16, 2, 4, 2)
+    bits = lax.bitcast_convert_type(x4, jnp.uint16).astype(jnp.uint32)
+    return jnp.transpose(bits, (0, 2, 3, 1)).reshape(-1)
+
+
 def mma_input_words(xh, cfg):
     """fp16 [m, k] -> the words ``xw`` of the decode kernel ``cfg`` (trellis_mma.MmaConfig)."""
+    if cfg.x_layout == "token":
+        return token_fragment_words(xh[:1])
     if cfg.x_layout == "fragments":
         return b_fragment_words(xh, cfg.m_pad)
     return _f16_pairs(xh, cfg.m_pad)
+
+
+def x_rows(cfg) -> int:
+    """Rows of the decode kernel's activation words: 1 in the one-token layout, else m_pad."""
+    return 1 if cfg.x_layout == "token" else cfg.m_pad
 
 
 def f16_words(xh_flat):
@@ -184,12 +205,16 @@ def _cute_options() -> str | None:
     return os.environ.get(CUTE_OPTIONS_ENV) or None
 
 
+def _one_token(plan: TrellisPlan) -> bool:
+    return plan.m == 1 and os.environ.get(ONE_TOKEN_ENV, "1") != "0"
+
+
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan):
     from .trellis_mma import MmaConfig
     return MmaConfig(codebook=weight.codebook, K=weight.K, m_blocks=-(-plan.m // plan.m_tile),
                      k=weight.k, n=weight.n, m_tile=plan.m_tile, n_tiles=plan.n_tiles,
                      warps=plan.warps, splits=plan.splits, unroll=plan.unroll,
-                     min_ctas=plan.min_ctas).validate()
+                     min_ctas=plan.min_ctas, one_token=_one_token(plan)).validate()
 
 
 def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
@@ -222,7 +247,8 @@ def mma_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None)
 
 def mma_partials(xh, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
     """Decode+MMA kernel on an fp16 [m, k] activation (zero-padded to m_pad here):
-    fp32 [splits, m_pad, n] partial sums of xh @ W_hat (rows >= m are 0)."""
+    fp32 [splits, m_pad, n] partial sums of xh @ W_hat (rows >= m are 0, or copies of row 0
+    with MmaConfig.one_token)."""
     cfg = _mma_config(weight, plan)
     out = mma_partials_words(mma_input_words(xh, cfg), weight, plan, out_init)
     return out.reshape(cfg.splits, cfg.m_pad, cfg.n)
@@ -250,8 +276,9 @@ def _member_args(arrays, dtype=None) -> list:
 def hadamard_in(x, suh, m_pad: int, layout: str = "rows"):
     """Input transform kernel: x [m, k] -> (flat fp16 had128(x * suh) / s with zero rows beyond
     m, [m_pad * k] row-major (layout "rows"), or [2 * m_pad * k] in the decode kernel's
-    split-pair B-fragment order (layout "fragments", see b_fragment_words); s float32 [m_pad],
-    the rows' fp16-boundary scales (row_scale; 1 beyond m)).
+    split-pair B-fragment order (layout "fragments", see b_fragment_words; "token": m = m_pad
+    = 1, token_fragment_words); s float32 [m_pad], the rows' fp16-boundary scales (row_scale;
+    1 beyond m)).
 
     suh: f16 [k], or a linear group's G members' suh (a sequence of G [k] vectors): the result
     is then that of the row [x, ..., x] (G * k wide), copy g rotated with suh[g]."""
@@ -275,7 +302,7 @@ def decode_input_words(x, suh, cfg):
     """The decode plan's input transform: x [m, k] -> (the MMA kernel's activation words for
     ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), row scales float32
     [m_pad]), one launch."""
-    xh, scale = hadamard_in(x, suh, cfg.m_pad, cfg.x_layout)
+    xh, scale = hadamard_in(x, suh, x_rows(cfg), cfg.x_layout)
     return f16_words(xh), scale
 
 
@@ -285,7 +312,8 @@ def _group_config(weights, plan: TrellisPlan):
     return MmaConfig(codebook=w.codebook, K=w.K, m_blocks=-(-plan.m // plan.m_tile), k=w.k,
                      n=sum(v.n for v in weights), m_tile=plan.m_tile, n_tiles=plan.n_tiles,
                      warps=plan.warps, splits=plan.splits, unroll=plan.unroll,
-                     min_ctas=plan.min_ctas, members=tuple(v.n for v in weights)).validate()
+                     min_ctas=plan.min_ctas, members=tuple(v.n for v in weights),
+                     one_token=_one_token(plan)).validate()
 
 
 def mma_group_partials_words(xw, weights, plan: TrellisPlan, out_init=None):
@@ -313,14 +341,16 @@ def _row_linear_config(weights, plan: TrellisPlan):
     2..3 weights) when ``plan`` is a one-token decode plan, or None: another plan, no row
     tiling fits (trellis_linear.row_plan), or $EXL3_JAX_ROW_LINEAR is 0."""
     from .hadamard import HadamardConfig
-    if os.environ.get(ROW_LINEAR_ENV, "1") == "0" or plan.kind != "decode" or plan.m != 1:
+    mode = os.environ.get(ROW_LINEAR_ENV, "1")
+    if mode == "0" or plan.kind != "decode" or plan.m != 1:
         return None
     from . import trellis_linear
     weights = _as_members(weights)
     w0 = weights[0]
     members = tuple(w.n for w in weights) if len(weights) > 1 else ()
+    max_weights = None if mode == "all" else trellis_linear.MAX_WEIGHTS
     mma = trellis_linear.row_plan(w0.codebook, w0.K, w0.k, sum(w.n for w in weights), members,
-                                  sms=device_sms())
+                                  sms=device_sms(), max_weights=max_weights)
     if mma is None:
         return None
     out = HadamardConfig(rows=1, valid=1, width=mma.n, splits=mma.splits, part_rows=1,
@@ -509,7 +539,7 @@ def trellis_matmul_group(x2, weights, plan: TrellisPlan, *, poison: bool = False
     if row_cfg is not None:
         return row_linear(x2, weights, row_cfg, poison=poison)
     cfg = _group_config(weights, plan)
-    xh, scale = hadamard_in(x2, [w.suh for w in weights], cfg.m_pad, cfg.x_layout)
+    xh, scale = hadamard_in(x2, [w.suh for w in weights], x_rows(cfg), cfg.x_layout)
     init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison else None
     part = mma_group_partials_words(f16_words(xh), weights, plan, out_init=init)
     return hadamard_out(part, [w.svh for w in weights], [w.bias for w in weights], scale,
@@ -535,6 +565,7 @@ def trellis_matmul_group_gpu(x, weights):
 
 
 __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words",
+           "token_fragment_words",
            "dequantize_transposed", "group_supported", "hadamard_in", "hadamard_out",
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",

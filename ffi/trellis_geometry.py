@@ -192,6 +192,18 @@ def row_fragment_slot(c):
     return ((c // 16) * 4 + 2 * (kk % 2) + kk // 8) * 4 + (kk % 8) // 2
 
 
+def token_fragment_word(c):
+    """One token's split-pair B fragments as the decode kernel reads them at m = 1 (MmaConfig
+    one_token, layout "token"): column c (k16 step kt = c // 16) is register i of lane t < 4 of
+    b_fragment_slot(0, c), at uint32 word (kt * 4 + t) * 4 + i, so each lane's 4 registers of
+    a step are one 16-byte load, and lanes 4..31 (padding tokens 1..7) read lane t % 4's
+    (their D columns are copies of token 0's, which nothing reads). A row of k columns is k
+    words, 8x fewer than the 8 token rows of b_fragment_word. Plain integer arithmetic (DSL
+    integers in the input transform, numpy in the tests)."""
+    kk = c % 16
+    return ((c // 16) * 4 + (kk % 8) // 2) * B_REGS + 2 * (kk % 2) + kk // 8
+
+
 def b_fragment_word(G, kt, i, lane, k16: int):
     """uint32 word index of register i of ``lane`` for token group G, k16 step kt: the words of
     one register index are contiguous across the 32 lanes (one 128-byte load per warp)."""

@@ -116,14 +116,14 @@ class RowGemmConfig(MmaTiling):
 
 
 def row_plan(codebook: str, K, k: int, n: int, members: tuple = (), *,
-             sms: int = DEFAULT_SMS) -> RowGemmConfig | None:
+             sms: int = DEFAULT_SMS, max_weights: int | None = MAX_WEIGHTS
+             ) -> RowGemmConfig | None:
     """The row GEMM's tiling for [1, k] @ [k, n], or None if none fits (the decode plan's three
-    calls run then, as for more than MAX_WEIGHTS weights): 8 warps of n_tiles 2 and unroll 8;
-    the widest CTA (warps_n 4, 2, 1) that
-    every member's columns divide; K-splits of 1 or 2 chunks per warp (whole 128-blocks, at
+    calls run then, as for more than ``max_weights`` weights; None: no size gate): 8 warps of
+    n_tiles 2 and unroll 8; the widest CTA (warps_n 4, 2, 1) that every member's columns divide; K-splits of 1 or 2 chunks per warp (whole 128-blocks, at
     most MAX_SPLITS): a grid of at least MIN_CTAS_PER_SM CTAs per SM where k allows, then the
     fuller last wave (CTAS_PER_SM resident), then fewer splits."""
-    if k * n > MAX_WEIGHTS:
+    if max_weights is not None and k * n > max_weights:
         return None
     unroll = 8
     for warps_n in (4, 2, 1):

@@ -35,10 +35,12 @@ Layout contract (flat, row-major views; all sizes static at compile time):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh (row-major), or with split pairs
        uint32 [m_pad * k]          one fp16 per word, low half, in B-fragment order
                                   (trellis_geometry.b_fragment_slot); m_pad = m_blocks * m_tile,
-                                  zero padded rows
+                                  zero padded rows; with one_token (m = 1) only row 0 is read:
+       uint32 [k]                  split pairs, trellis_geometry.token_fragment_word order
   tw:  uint32 [k/16, n/16, W/2]   the trellis words (int16 pairs, little endian)
-  out: float32 [splits, m_pad, n] partial sums (padded rows too: they are zero, and keeping m out
-                                  of the compile key lets m = 1..8 share one binary)
+  out: float32 [splits, m_pad, n] partial sums (padded rows too: they are zero, or copies of row
+                                  0 with one_token; keeping m out of the compile key lets m =
+                                  2..8 share one binary)
 A linear group (``_trellis_mma_group_kernel``, MmaConfig.members = (n_0, .., n_{G-1})) takes G
 trellis tensors tw_i [k/16, n_i/16, W/2] and the words of the [m_pad, G * k] activation whose
 row segment i is x rotated by member i's suh; out has n = sum(n_i) columns, member i's after
@@ -54,8 +56,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Uint32
 
 from .cute_ops import (SPLIT_PAIR_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
-                       lane_funnels, load_tile_words, mma_m16n8k16_f16_f32)
-from .trellis_geometry import A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry
+                       lane_funnels, load_tile_words, load_words_v4, mma_m16n8k16_f16_f32)
+from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry,
+                               token_fragment_word)
 
 MAX_MEMBERS = 3        # linears per group kernel (q/k/v); the kernel takes this many trellis args
 
@@ -119,11 +122,14 @@ class MmaTiling:
     @property
     def x_layout(self) -> str:
         """How xw is laid out: B-fragment order with split pairs (one 128-byte load per warp
-        and register, no ALU work), else row-major fp16 pairs (the grouped MoE kernel
-        overrides it: always rows). Measured on the H200: packed pairs from B-fragment order
-        took 3-8 more registers, which cost a CTA per SM and made 8192x28672 K3 mul1 m=1 18%
-        slower, so packed kernels keep rows."""
-        return "fragments" if self.split_pairs else "rows"
+        and register, no ALU work; "token" for one token: one 16-byte load per lane and k16
+        step, trellis_geometry.token_fragment_word), else row-major fp16 pairs (the grouped
+        MoE kernel overrides it: always rows). Measured on the H200: packed pairs from
+        B-fragment order took 3-8 more registers, which cost a CTA per SM and made
+        8192x28672 K3 mul1 m=1 18% slower, so packed kernels keep rows."""
+        if not self.split_pairs:
+            return "rows"
+        return "token" if getattr(self, "one_token", False) else "fragments"
 
     @property
     def acc_regs(self) -> int:
@@ -162,6 +168,11 @@ class MmaConfig(MmaTiling):
     # n. Member i's columns come from its own trellis tensor and read x rotated by its own suh
     # (activation row segment i); () for one linear.
     members: tuple = ()
+    # m = 1: the padding tokens' lanes read token 0's activation words (x_base_word), so a warp's
+    # B load touches one token's bytes instead of 8 rows' (8x less L1/L2 traffic; split pairs
+    # also read one 16-byte word per lane and k16 step: layout "token"). The padding rows of
+    # the partials are then copies of row 0, which nothing reads.
+    one_token: bool = False
 
     @property
     def x_k16(self) -> int:
@@ -183,6 +194,8 @@ class MmaConfig(MmaTiling):
     def validate(self) -> "MmaConfig":
         if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
             raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
+        if self.one_token and self.m_pad != 8:
+            raise ValueError(f"one_token needs one token tile of 8 rows, got m_pad={self.m_pad}")
         self.check_tiling()
         if self.members:
             check_group_members(self.members, self.n)
@@ -214,7 +227,7 @@ def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16=None):
     bfrag = []
     for u in range(cfg.unroll):
         wbuf += _tile_row_words(tw, c0 + u, tile0, funnels, geo, cfg, n16)
-        bfrag += fragments_of_words(_row_words(xw, c0 + u, x_base, cfg), cfg)
+        bfrag += fragments_of_words(_row_words(xw, c0, u, x_base, cfg), cfg)
     return wbuf, bfrag
 
 
@@ -229,7 +242,7 @@ def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32):
     """load_chunk's activation words alone, raw (fragments_of_words makes bfrag of them);
     keep: a predicate, False zeroes every word (a chunk this warp does not own adds 0);
     lanes: see _row_words."""
-    words = [w for u in range(cfg.unroll) for w in _row_words(xw, c0 + u, x_base, cfg, lanes)]
+    words = [w for u in range(cfg.unroll) for w in _row_words(xw, c0, u, x_base, cfg, lanes)]
     if keep is not None:
         words = [cutlass.select_(keep, w, Uint32(0)) for w in words]
     return words
@@ -238,7 +251,7 @@ def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32):
 def _x_words_per_group(cfg) -> int:
     """Activation words per lane, token group and k16 step: the B fragment's registers, or a
     row-major word pair."""
-    return B_REGS if cfg.x_layout == "fragments" else 2
+    return 2 if cfg.x_layout == "rows" else B_REGS
 
 
 def fragments_of_words(words, cfg):
@@ -247,7 +260,7 @@ def fragments_of_words(words, cfg):
     out = []
     for i in range(0, len(words), per):
         w = words[i:i + per]
-        if cfg.x_layout == "fragments":
+        if cfg.x_layout != "rows":
             out.append(((w[0], w[1]), (w[2], w[3])))
         elif cfg.split_pairs:
             out.append(((w[0] & Uint32(0xFFFF), w[1] & Uint32(0xFFFF)),
@@ -291,14 +304,18 @@ def _tile_row_words(tw, kt, tile0, funnels, geo, cfg, n16):
             for j in range(cfg.n_tiles)]
 
 
-def _row_words(xw, kt, x_base, cfg, lanes: int = 32):
-    """Raw activation words of k16 step kt for every token group (see load_chunk). lanes: the
+def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32):
+    """Raw activation words of k16 step kt = c0 + u for every token group (see load_chunk;
+    u: the unrolled step, a compile-time int, an immediate offset of 16-byte loads). lanes: the
     lanes of the B-fragment order's registers, 32, or 4 for one token's row in shared memory
     (trellis_linear: lanes 4..31 read lanes 0..3's fp16, zero-extended from a 16-bit view)."""
+    kt = c0 + u
     kw = cfg.x_k16 * 8
     words = []
     for g in range(cfg.m_groups):
-        if cfg.x_layout == "fragments":
+        if cfg.x_layout == "token":
+            words += load_words_v4(xw, x_base + c0 * 16, 16 * u)
+        elif cfg.x_layout == "fragments":
             w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * lanes
             words += [Uint32(xw[w0 + lanes * i]) for i in range(B_REGS)]
         else:
@@ -384,11 +401,30 @@ def launch_bounds(min_ctas: int) -> dict:
 
 def x_base_word(m0, kt0, lane, cfg):
     """The lane's first activation word (load_chunk) for the CTA's token tile m0 and the row
-    segment starting at k16 step kt0: B-fragment order or row-major fp16 pairs (token
-    m0 + 8g + lane//4, k pairs (lane%4) and (lane%4 + 4))."""
+    segment starting at k16 step kt0: B-fragment order, one token's fragments (lane % 4's) or
+    row-major fp16 pairs (token m0 + 8g + lane//4, or token 0 with ``one_token``; k pairs
+    (lane%4) and (lane%4 + 4))."""
+    if cfg.x_layout == "token":
+        return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
         return b_fragment_word(m0 // 8, kt0, 0, lane, cfg.x_k16)
-    return (m0 + lane // 4) * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
+    token = 0 if getattr(cfg, "one_token", False) else m0 + lane // 4
+    return token * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
+
+
+@cute.jit
+def dense_k_loop(xw, tw, tile0, x_base, k0, warp, acc, funnels: list, cfg: cutlass.Constexpr,
+                 n16: cutlass.Constexpr = None):
+    """This warp's chunks of the split starting at k16 step k0 into acc: chunk c covers k16
+    steps k0 + (c * warps + warp) * unroll + u, u < unroll; each chunk's loads are issued
+    before any of it is decoded. (A software-pipelined loop, chunk c + 1's loads in flight
+    while chunk c decodes, took 2-4x the registers and was no faster at m = 1: session 16,
+    bench/NOTES.md.)"""
+    geo = lane_geometry(cfg.K)
+    step = cfg.warps * cfg.unroll
+    for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, step):
+        wbuf, bfrag = load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
 
 @cute.kernel
@@ -400,12 +436,8 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     m0 = bz * cfg.m_tile
     funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
     acc = zero_accumulators(cfg)
-    x_base = x_base_word(m0, 0, lane, cfg)
-    # Chunk c of warp w covers k16 tiles k0 + (c * warps + w) * unroll + u, u < unroll.
-    k0 = by * cfg.k_per_split
-    for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, cfg.warps * cfg.unroll):
-        wbuf, bfrag = load_chunk(xw, tw, c0, tn0, x_base, funnels, geo, cfg)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+    dense_k_loop(xw, tw, tn0, x_base_word(m0, 0, lane, cfg), by * cfg.k_per_split, warp, acc,
+                 funnels, cfg)
 
     # Fold the warps' accumulators; write every element of the CTA's tiles (padded tokens too).
     nacc = cfg.acc_regs
@@ -435,12 +467,8 @@ def _trellis_mma_group_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tenso
         t0, n16 = cfg.member_tiles[i]
         if tn0 >= t0:
             if tn0 < t0 + n16:
-                x_base = x_base_word(m0, i * cfg.k16, lane, cfg)
-                for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split,
-                                        cfg.warps * cfg.unroll):
-                    wbuf, bfrag = load_chunk(xw, tws[i], c0, tn0 - t0, x_base, funnels, geo,
-                                             cfg, n16)
-                    mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+                dense_k_loop(xw, tws[i], tn0 - t0, x_base_word(m0, i * cfg.k16, lane, cfg),
+                             k0, warp, acc, funnels, cfg, n16)
 
     # Fold the warps' accumulators; write every element of the CTA's tiles (padded tokens too).
     nacc = cfg.acc_regs

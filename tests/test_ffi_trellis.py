@@ -24,7 +24,8 @@ from exl3_jax.format.spec import width_from_rate
 from exl3_jax.ffi import trellis_gemm as tg
 from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_fragment_word,
                                            emulate_lane_states, lane_geometry,
-                                           row_fragment_slot, supported_rates)
+                                           row_fragment_slot, supported_rates,
+                                           token_fragment_word)
 from exl3_jax.ops import plans
 from exl3_jax.trellis import Exl3Weight, decode_trellis, linear_reference, tile_perm, unpack_states
 
@@ -157,6 +158,9 @@ def rows_from_mma_words(xw, cfg, k):
     xw = jnp.asarray(xw, jnp.uint32)
     if cfg.x_layout == "rows":
         return jax.lax.bitcast_convert_type(xw, jnp.float16).reshape(cfg.m_pad, k)
+    if cfg.x_layout == "token":        # the padding tokens' lanes read token 0's words
+        low = xw[token_fragment_word(np.arange(k))].astype(jnp.uint16)
+        return jnp.tile(jax.lax.bitcast_convert_type(low, jnp.float16)[None], (cfg.m_pad, 1))
     low = xw[b_fragment_positions(cfg.m_pad, k)].astype(jnp.uint16)
     return jax.lax.bitcast_convert_type(low, jnp.float16)
 
@@ -182,6 +186,23 @@ def test_b_fragment_words_match_the_kernel_formula(rng):
             assert got == want[tok, 16 * kt + 2 * t + 8 * r + h].view(np.uint16)
 
 
+def test_token_fragment_words_match_the_kernel_formula(rng):
+    # One token's layout: word (kt * 4 + t) * 4 + i holds what b_fragment_slot gives register
+    # i of lane t (token 0); each lane's 4 registers of a step are contiguous (one LDG.128).
+    k = 512
+    xh = rng.standard_normal((1, k)).astype(np.float16)
+    words = np.asarray(tg.token_fragment_words(jnp.asarray(xh)))
+    pos = token_fragment_word(np.arange(k))
+    assert words.size == k and sorted(pos) == list(range(k))
+    assert not (words >> 16).any()
+    np.testing.assert_array_equal(words[pos].astype(np.uint16), xh[0].view(np.uint16))
+    full = np.asarray(tg.b_fragment_words(jnp.asarray(xh), 8))
+    for c in rng.integers(0, k, 24):
+        G, kt, i, lane = b_fragment_slot(0, int(c))
+        assert (G, lane // 4) == (0, 0)
+        assert words[(kt * 4 + lane) * 4 + i] == full[b_fragment_word(G, kt, i, lane, k // 16)]
+
+
 @needs_cutlass
 def test_hadamard_input_layout_is_checked():
     from exl3_jax.ffi.hadamard import HadamardConfig
@@ -189,6 +210,9 @@ def test_hadamard_input_layout_is_checked():
     assert cfg.out_size == 2 * 16 * 256
     with pytest.raises(ValueError, match="'b_packed' is not one of"):
         HadamardConfig(rows=16, valid=3, width=256, layout="b_packed")
+    assert HadamardConfig(rows=1, valid=1, width=256, layout="token").out_size == 2 * 256
+    with pytest.raises(ValueError, match="holds one row"):
+        HadamardConfig(rows=8, valid=1, width=256, layout="token")
 
 
 def test_hadamard_configs_split_rows_and_name_members():
@@ -265,8 +289,9 @@ def emulated_kernels(monkeypatch):
         scale = jnp.pad(scale[:, 0], (0, m_pad - m), constant_values=1.0)
         if layout == "rows":
             return xh.reshape(-1), scale
-        return jax.lax.bitcast_convert_type(tg.b_fragment_words(xh, m_pad), jnp.float16
-                                            ).reshape(-1), scale
+        words = (tg.token_fragment_words(xh) if layout == "token"
+                 else tg.b_fragment_words(xh, m_pad))
+        return jax.lax.bitcast_convert_type(words, jnp.float16).reshape(-1), scale
 
     def hadamard_out(part, svh, bias, scale, *, m, m_pad, splits, n):
         if isinstance(svh, (list, tuple)):                              # a group's members
@@ -405,6 +430,31 @@ def test_linear_group_matches_its_members(rng, emulated_kernels, m, codebook, K,
         ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
         assert y.shape == ref.shape
         assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
+
+
+@pytest.mark.parametrize("codebook,K,layout", [("mcg", 4, "token"), ("mul1", 3, "rows")])
+@pytest.mark.parametrize("members", [(), (256, 128, 128)])
+def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, layout,
+                               members):
+    # m = 1 through the three calls (no row linear): the one-token activation words, and the
+    # kernel's padding token rows (copies of row 0 there) never reach the result.
+    from exl3_jax.ops import trellis_matmul_group
+    monkeypatch.setenv(tg.ROW_LINEAR_ENV, "0")
+    ns = members or (384,)
+    ws = [random_weight(rng, 512, n, K, codebook, bias=True) for n in ns]
+    x = jnp.asarray(rng.standard_normal((1, 512)), jnp.float32)
+    ys = (trellis_matmul_group(x, ws, backend="gpu") if members
+          else [tg.trellis_matmul_gpu(x, ws[0])])
+    cfg = emulated_kernels[-1][1]
+    assert cfg.one_token and cfg.x_layout == layout and cfg.m_pad == 8
+    for y, w in zip(ys, ws):
+        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
+        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
+    monkeypatch.setenv(tg.ONE_TOKEN_ENV, "0")
+    assert not tg._mma_config(ws[0], plans.select_plan(1, 512, ns[0])).one_token
+    with pytest.raises(ValueError, match="one token tile"):
+        tg._mma_config(ws[0], plans.select_plan(9, 512, ns[0])).__class__(
+            codebook, K, 2, 512, ns[0], one_token=True).validate()
 
 
 def test_linear_group_falls_back_per_member(rng, emulated_kernels):
@@ -560,6 +610,18 @@ def test_compile_only(arch):
         assert row["custom_call"] and row["calls"] == (1 if one else 3), row
         if one:
             assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_compile_only_one_token_decode_kernels(arch, monkeypatch):
+    # m = 1 through the three calls (what linears past the row linear's size gate run): the
+    # one-token layouts ("token" 16-byte loads with split pairs; rows read as token 0 packed).
+    monkeypatch.setenv(tg.ROW_LINEAR_ENV, "0")
+    cases = [("mcg", 4, 1, "decode", 1024, 512), ("mul1", 3, 1, "decode", 512, 512),
+             ("3inst", 2, 1, "decode", 512, 512, (256, 128, 128))]
+    for row in check_rows("exl3_jax.ffi.aot", cases, arch):
+        assert row["calls"] == 3 and row["kernels"][0] == "_hadamard_in_kernel", row
 
 
 DISPATCH_EXPORT = """

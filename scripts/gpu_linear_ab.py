@@ -1,0 +1,76 @@
+"""Time one switch of the GPU Trellis linear in one process (tuning aid; bench/NOTES.md).
+
+  python scripts/gpu_linear_ab.py --env EXL3_JAX_ONE_TOKEN --values '0|1|0|1'
+      [--env2 EXL3_JAX_ROW_LINEAR=0] [--shapes 8192x28672,4096x14336] [--K 4]
+      [--codebooks mcg,mul1] [--m 1] [--out ab.json]
+
+For every (shape, K, codebook, m) the values of the environment variable ``--env`` are set in
+turn (a repeated value is timed again: drift between neighbours shows as their spread), each
+value's op (exl3_jax.ffi.trellis_gemm.trellis_matmul_gpu, traced afresh so the switch takes
+effect) timed as `bench linear` times it (median of a jitted loop, exl3_jax.ffi.bench), and its
+output compared with the first value's (relative L2: a switch of layout or tiling must not
+change the result beyond the K-split order). ``--env2 NAME=VALUE`` pins another variable for
+the whole run. One JSON line per row, and all rows in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from exl3_jax.ffi import bench as gb
+from exl3_jax.ffi import trellis_gemm as tg
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--env", required=True)
+    p.add_argument("--values", required=True, help="'|'-separated values of --env")
+    p.add_argument("--env2", action="append", default=[], help="NAME=VALUE held fixed")
+    p.add_argument("--shapes", default="8192x28672,4096x14336")
+    p.add_argument("--K", default="4")
+    p.add_argument("--codebooks", default="mcg,mul1")
+    p.add_argument("--m", default="1")
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    for kv in a.env2:
+        name, _, value = kv.partition("=")
+        os.environ[name] = value
+    values = a.values.split("|")
+    rows = []
+    for shape in a.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        for K in (float(v) if "." in v else int(v) for v in a.K.split(",")):
+            for cb in a.codebooks.split(","):
+                w = gb.random_weight(k, n, K, cb)
+                for m in (int(v) for v in a.m.split(",")):
+                    x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)),
+                                    jnp.bfloat16)
+                    first = None
+                    for v in values:
+                        os.environ[a.env] = v
+                        op = lambda x, w: tg.trellis_matmul_gpu(x, w)   # noqa: E731
+                        y = np.asarray(jax.jit(op)(x, w))
+                        first = y if first is None else first
+                        rel = float(np.linalg.norm(y - first) / np.linalg.norm(first))
+                        us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n))
+                        row = {"k": k, "n": n, "K": K, "codebook": cb, "m": m, a.env: v,
+                               "us": round(us, 2), "rel_l2_vs_first": rel,
+                               "finite": bool(np.isfinite(y).all())}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"versions": gb.versions(), "env": a.env, "env2": a.env2,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
