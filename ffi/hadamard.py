@@ -344,7 +344,7 @@ def _rotate_store(v, factor, row, col, lane, out, cfg):
         h16 = Float16(v[e] * Float32(SCALE))
         if cfg.layout == "rows":
             out[row * cfg.width + col + e] = h16
-        elif cfg.layout == "token":             # one row: the validation makes rows == 1
+        elif cfg.layout == "token":             # one row (HadamardConfig checks rows == 1)
             word = token_fragment_word(col + e)
             out[2 * word] = h16
             out[2 * word + 1] = Float16(0.0)

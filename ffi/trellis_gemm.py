@@ -565,10 +565,9 @@ def trellis_matmul_group_gpu(x, weights):
 
 
 __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words",
-           "token_fragment_words",
            "dequantize_transposed", "group_supported", "hadamard_in", "hadamard_out",
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
            "output_transform", "plan_for", "rotated_matmul", "row_scale", "supports",
-           "trellis_matmul_gpu", "trellis_words"]
+           "token_fragment_words", "trellis_matmul_gpu", "trellis_words"]

@@ -120,9 +120,10 @@ def row_plan(codebook: str, K, k: int, n: int, members: tuple = (), *,
              ) -> RowGemmConfig | None:
     """The row GEMM's tiling for [1, k] @ [k, n], or None if none fits (the decode plan's three
     calls run then, as for more than ``max_weights`` weights; None: no size gate): 8 warps of
-    n_tiles 2 and unroll 8; the widest CTA (warps_n 4, 2, 1) that every member's columns divide; K-splits of 1 or 2 chunks per warp (whole 128-blocks, at
-    most MAX_SPLITS): a grid of at least MIN_CTAS_PER_SM CTAs per SM where k allows, then the
-    fuller last wave (CTAS_PER_SM resident), then fewer splits."""
+    n_tiles 2 and unroll 8; the widest CTA (warps_n 4, 2, 1) that every member's columns
+    divide; K-splits of 1 or 2 chunks per warp (whole 128-blocks, at most MAX_SPLITS): a grid
+    of at least MIN_CTAS_PER_SM CTAs per SM where k allows, then the fuller last wave
+    (CTAS_PER_SM resident), then fewer splits."""
     if max_weights is not None and k * n > max_weights:
         return None
     unroll = 8

@@ -83,6 +83,8 @@ class MmaTiling:
     (trellis_moe.GroupedMmaConfig) kernel configs; needs fields k, n, m_tile, n_tiles, warps,
     splits, unroll."""
 
+    one_token = False     # MmaConfig's field; the other configs always read their own rows
+
     @property
     def m_groups(self) -> int:
         return self.m_tile // 8
@@ -129,7 +131,7 @@ class MmaTiling:
         8192x28672 K3 mul1 m=1 18% slower, so packed kernels keep rows."""
         if not self.split_pairs:
             return "rows"
-        return "token" if getattr(self, "one_token", False) else "fragments"
+        return "token" if self.one_token else "fragments"
 
     @property
     def acc_regs(self) -> int:
@@ -408,7 +410,7 @@ def x_base_word(m0, kt0, lane, cfg):
         return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
         return b_fragment_word(m0 // 8, kt0, 0, lane, cfg.x_k16)
-    token = 0 if getattr(cfg, "one_token", False) else m0 + lane // 4
+    token = 0 if cfg.one_token else m0 + lane // 4
     return token * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
 
 
