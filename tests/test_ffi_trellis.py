@@ -452,9 +452,9 @@ def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, 
         assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
     monkeypatch.setenv(tg.ONE_TOKEN_ENV, "0")
     assert not tg._mma_config(ws[0], plans.select_plan(1, 512, ns[0])).one_token
-    with pytest.raises(ValueError, match="one token tile"):
-        tg._mma_config(ws[0], plans.select_plan(9, 512, ns[0])).__class__(
-            codebook, K, 2, 512, ns[0], one_token=True).validate()
+    cls = type(cfg)
+    with pytest.raises(ValueError, match="one token tile"):      # two token tiles
+        cls(codebook, K, m_blocks=2, k=512, n=256, one_token=True).validate()
 
 
 def test_linear_group_falls_back_per_member(rng, emulated_kernels):
