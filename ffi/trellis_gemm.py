@@ -209,12 +209,15 @@ def _one_token(plan: TrellisPlan) -> bool:
     return plan.m == 1 and os.environ.get(ONE_TOKEN_ENV, "1") != "0"
 
 
-def _mma_config(weight: Exl3Weight, plan: TrellisPlan):
+def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
+    """The decode kernel's MmaConfig for ``weight`` (a group: its first member, and
+    ``members`` the members' n)."""
     from .trellis_mma import MmaConfig
     return MmaConfig(codebook=weight.codebook, K=weight.K, m_blocks=-(-plan.m // plan.m_tile),
-                     k=weight.k, n=weight.n, m_tile=plan.m_tile, n_tiles=plan.n_tiles,
-                     warps=plan.warps, splits=plan.splits, unroll=plan.unroll,
-                     min_ctas=plan.min_ctas, one_token=_one_token(plan)).validate()
+                     k=weight.k, n=sum(members) or weight.n, m_tile=plan.m_tile,
+                     n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
+                     unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
+                     one_token=_one_token(plan)).validate()
 
 
 def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
@@ -307,13 +310,7 @@ def decode_input_words(x, suh, cfg):
 
 
 def _group_config(weights, plan: TrellisPlan):
-    from .trellis_mma import MmaConfig
-    w = weights[0]
-    return MmaConfig(codebook=w.codebook, K=w.K, m_blocks=-(-plan.m // plan.m_tile), k=w.k,
-                     n=sum(v.n for v in weights), m_tile=plan.m_tile, n_tiles=plan.n_tiles,
-                     warps=plan.warps, splits=plan.splits, unroll=plan.unroll,
-                     min_ctas=plan.min_ctas, members=tuple(v.n for v in weights),
-                     one_token=_one_token(plan)).validate()
+    return _mma_config(weights[0], plan, tuple(w.n for w in weights))
 
 
 def mma_group_partials_words(xw, weights, plan: TrellisPlan, out_init=None):

@@ -429,6 +429,19 @@ def dense_k_loop(xw, tw, tile0, x_base, k0, warp, acc, funnels: list, cfg: cutla
         mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
 
 
+@cute.jit
+def store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg: cutlass.Constexpr):
+    """The dense kernels' epilogue: fold the warps' accumulators and write every element of the
+    CTA's tiles (padded tokens too) to split ``by`` of out."""
+    nacc = cfg.acc_regs
+    red = fold_warp_partials(acc, warp, lane, cfg)
+    for e in cutlass.range_constexpr(-(-(nacc * 32) // cfg.threads)):
+        idx = tid + e * cfg.threads
+        if idx < nacc * 32:
+            total, tok, col = summed_fragment(red, idx, tn0, m0, cfg)
+            out[(by * cfg.m_pad + tok) * cfg.n + col] = total
+
+
 @cute.kernel
 def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                         cfg: cutlass.Constexpr):
@@ -441,14 +454,7 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     dense_k_loop(xw, tw, tn0, x_base_word(m0, 0, lane, cfg), by * cfg.k_per_split, warp, acc,
                  funnels, cfg)
 
-    # Fold the warps' accumulators; write every element of the CTA's tiles (padded tokens too).
-    nacc = cfg.acc_regs
-    red = fold_warp_partials(acc, warp, lane, cfg)
-    for e in cutlass.range_constexpr(-(-(nacc * 32) // cfg.threads)):
-        idx = tid + e * cfg.threads
-        if idx < nacc * 32:
-            total, tok, col = summed_fragment(red, idx, tn0, m0, cfg)
-            out[(by * cfg.m_pad + tok) * cfg.n + col] = total
+    store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
 
 
 @cute.kernel
@@ -472,14 +478,7 @@ def _trellis_mma_group_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tenso
                 dense_k_loop(xw, tws[i], tn0 - t0, x_base_word(m0, i * cfg.k16, lane, cfg),
                              k0, warp, acc, funnels, cfg, n16)
 
-    # Fold the warps' accumulators; write every element of the CTA's tiles (padded tokens too).
-    nacc = cfg.acc_regs
-    red = fold_warp_partials(acc, warp, lane, cfg)
-    for e in cutlass.range_constexpr(-(-(nacc * 32) // cfg.threads)):
-        idx = tid + e * cfg.threads
-        if idx < nacc * 32:
-            total, tok, col = summed_fragment(red, idx, tn0, m0, cfg)
-            out[(by * cfg.m_pad + tok) * cfg.n + col] = total
+    store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
 
 
 @cute.jit

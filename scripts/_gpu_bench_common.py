@@ -2,13 +2,14 @@
 and the JSON writer also by the CPU ones, bench_scale_search.py, profile_default_build.py).
 
 Run metadata (date, command line, versions), a timer that wraps a library entry point in place
-(CuTe DSL kernel compiles, AOT artifact loads), one timed generate call, and an atomic JSON
-writer. Imported as a sibling module: ``python scripts/<script>.py`` puts scripts/ on sys.path.
+(CuTe DSL kernel compiles, AOT artifact loads), one timed generate call, an atomic JSON writer,
+and a scoped environment switch (the kernels read their EXL3_JAX_* switches at trace time). Imported as a sibling module: ``python scripts/<script>.py`` puts scripts/ on sys.path.
 Nothing here touches a device at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -17,6 +18,24 @@ import re
 import sys
 import time
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str | None):
+    """$name set to ``value`` (None: unset) inside the block, the caller's setting restored
+    after, also on an exception."""
+    saved = os.environ.get(name)
+    try:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def utc_now() -> str:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _gpu_bench_common import env_var
 
 from exl3_jax.ffi import bench as fb
 from exl3_jax.ffi import trellis_moe as tm
@@ -77,29 +77,20 @@ def layer_inputs(name: str, m: int):
 def run_variant(inputs, override: str, ref=None, env: str = tm.GEMM_ENV):
     """(row, output or None): the layer with $env = ``override`` ("": unset; the caller's
     setting restored after), its relative L2 distance from ``ref`` and its time."""
-    saved = os.environ.get(env)
-    if override:
-        os.environ[env] = override
-    else:
-        os.environ.pop(env, None)
     try:
-        x, ids, wts, w13, down = inputs
-        y = np.asarray(jax.jit(lambda *a: tm.moe_gpu(*a))(x, ids, wts, w13, down))
-        row = {"override": override, "env": env}
-        if ref is not None:
-            row["rel_l2_vs_default"] = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-        m = x.shape[0]
-        row["us"] = 1e6 * fb.time_in_loop(lambda *a: tm.moe_gpu(*a), inputs,
-                                          iters=int(max(8, min(128, 2e4 / m))), reps=5)
-        return row, y
+        with env_var(env, override or None):
+            x, ids, wts, w13, down = inputs
+            y = np.asarray(jax.jit(lambda *a: tm.moe_gpu(*a))(x, ids, wts, w13, down))
+            row = {"override": override, "env": env}
+            if ref is not None:
+                row["rel_l2_vs_default"] = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+            m = x.shape[0]
+            row["us"] = 1e6 * fb.time_in_loop(lambda *a: tm.moe_gpu(*a), inputs,
+                                              iters=int(max(8, min(128, 2e4 / m))), reps=5)
+            return row, y
     except Exception as e:   # noqa: BLE001 -- record and continue
         return {"override": override, "env": env,
                 "error": f"{type(e).__name__}: {e}"[:400]}, None
-    finally:
-        if saved is None:
-            os.environ.pop(env, None)
-        else:
-            os.environ[env] = saved
 
 
 def sweep(geometries, ms, budget_s: float, overrides=None,

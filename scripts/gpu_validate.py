@@ -44,6 +44,7 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _gpu_bench_common import env_var
 
 from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
@@ -218,22 +219,15 @@ def check_row_linear(cb, K, k, n, members):
     x = jax.device_put(np.random.default_rng(k + n).standard_normal((1, k)).astype(jnp.bfloat16))
     target = ws if members else ws[0]
     outs = {}
-    saved = os.environ.get(tg.ROW_LINEAR_ENV)
-    try:
-        # "all": the row linear at any size (past its size gate too, e.g. the gate/up group)
-        os.environ[tg.ROW_LINEAR_ENV] = "all"
+    # "all": the row linear at any size (past its size gate too, e.g. the gate/up group)
+    with env_var(tg.ROW_LINEAR_ENV, "all"):
         cfg = tg._row_linear_config(target, select_plan(1, k, n, force="decode"))
-        for flag in ("all", "0"):
-            os.environ[tg.ROW_LINEAR_ENV] = flag       # read at trace time: a new jit each
+    for flag in ("all", "0"):
+        with env_var(tg.ROW_LINEAR_ENV, flag):       # read at trace time: a new jit each
             fwd = jax.jit(lambda x, ws: jnp.concatenate(trellis_matmul_group(x, ws, backend="gpu"),
                                                         axis=-1) if members else
                           tg.trellis_matmul_gpu(x, ws[0]))
             outs[flag] = np.asarray(fwd(x, ws))
-    finally:
-        if saved is None:
-            os.environ.pop(tg.ROW_LINEAR_ENV, None)
-        else:
-            os.environ[tg.ROW_LINEAR_ENV] = saved
     poisoned = np.asarray(jax.jit(lambda x, ws: tg.row_linear(
         x, ws if members else ws[0], cfg, poison=True))(x, ws), np.float64)
     ref = np.concatenate([np.asarray(linear_reference(x, w.trellis, w.suh, w.svh, w.codebook,
@@ -438,8 +432,7 @@ def summarize(report):
                 f"worst passing rel_l2={worst}")
         elif name in ("group", "row_linear"):
             ok = [r for r in res if r.get("ok")]
-            log(f"SUMMARY {name}: {len(ok)}/{len(res)} cases ok (rel_l2<=1e-3, no NaN"
-                + ")")
+            log(f"SUMMARY {name}: {len(ok)}/{len(res)} cases ok (rel_l2<=1e-3, no NaN)")
         elif name in ("dispatch", "row_scale"):
             log(f"SUMMARY {name}: {res}")
         elif name == "bench":
@@ -498,16 +491,15 @@ def run_memcheck(kind: str) -> int:
     w = gb.random_weight(k, n, 3, "mcg")
     bad = 0
     for m in ((5, 1) if kind == "decode" else (40,)):
-        os.environ[tg.ROW_LINEAR_ENV] = "0" if m == 1 else "1"
         plan = select_plan(m, k, n, force=kind)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
-        y = np.asarray(jax.jit(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=plan))(x, w))
+        with env_var(tg.ROW_LINEAR_ENV, "0" if m == 1 else "1"):
+            y = np.asarray(jax.jit(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=plan))(x, w))
         ref = np.asarray(linear_reference(x, w.trellis, w.suh, w.svh, w.codebook))
         rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
         log(f"memcheck run {kind}: m={m} plan={plan} rel_l2={rel:.3g} "
             f"finite={np.isfinite(y).all()}")
         bad += rel >= 1e-3
-    os.environ.pop(tg.ROW_LINEAR_ENV, None)
     return int(bad > 0)
 
 
@@ -533,7 +525,7 @@ def dump_sass(outdir: str, caps=(0,), shapes=((4096, 14336),),
                         plan.warps, plan.splits, plan.unroll, min_ctas=cap,
                         one_token=m == 1).validate()
         words = lane_geometry(K).words
-        x_words = {"token": k, "fragments": cfg.m_pad * k}.get(cfg.x_layout, cfg.m_pad * k // 2)
+        x_words = tg.x_rows(cfg) * k // (2 if cfg.x_layout == "rows" else 1)
         fx = make_fake_compact_tensor(cutlass.Uint32, (x_words,), assumed_align=16)
         fw = make_fake_compact_tensor(cutlass.Uint32, (k // 16 * n // 16 * words,),
                                       assumed_align=16)

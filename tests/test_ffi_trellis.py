@@ -517,6 +517,7 @@ def test_row_linear_config(rng, monkeypatch):
     # One token of a decode plan runs as the row linear when a row tiling fits (whole
     # 128-blocks per K-split, each member's columns a multiple of the CTA's); anything else
     # keeps the three calls, and EXL3_JAX_ROW_LINEAR=0 turns it off.
+    from exl3_jax.ffi import trellis_linear
     from exl3_jax.ffi.trellis_linear import MAX_SPLITS, row_plan
     w = random_weight(rng, 512, 256, 4, "mcg", bias=True)
     cfg = tg._row_linear_config(w, plans.select_plan(1, 512, 256, force="decode"))
@@ -547,6 +548,13 @@ def test_row_linear_config(rng, monkeypatch):
     assert row_plan("mcg", 4, 256, 272, (256, 16)) is None      # a member of one n16 tile
     monkeypatch.setenv(tg.ROW_LINEAR_ENV, "0")
     assert tg._row_linear_config(w, plans.select_plan(1, 512, 256, force="decode")) is None
+    # "all": no size gate (what the validation and A/B runs use past MAX_WEIGHTS)
+    assert row_plan("mcg", 4, 8192, 28672, max_weights=None).splits > 1
+    big = random_weight(rng, 256, 128, 4, "mcg")
+    monkeypatch.setattr(trellis_linear, "MAX_WEIGHTS", 256 * 64)
+    assert tg._row_linear_config(big, plans.select_plan(1, 256, 128, force="decode")) is None
+    monkeypatch.setenv(tg.ROW_LINEAR_ENV, "all")
+    assert tg._row_linear_config(big, plans.select_plan(1, 256, 128, force="decode")) is not None
 
 
 def test_group_config_checks():
