@@ -71,26 +71,28 @@ def decode_pair(state_a, state_b, codebook: str, *, loc=None, ip=None) -> Uint32
     return Uint32(res)
 
 
-# One state -> one weight, unpacked: for 3inst / mcg the f16 sum lo16 + hi16 is a single HADD2
-# whose operand half-selectors replace the PRMT pair of decode_pair (both halves hold the weight).
-_DECODE_SINGLE_ASM = {
-    cb: "{\n.reg .b32 x;\n.reg .f16 l, h, v;\n" + mul + """
-    lop3.b32 x, x, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-    mov.b32 {l, h}, x;
-    add.rn.f16 v, l, h;
-    mov.b32 $0, {v, v};
+# One state -> one weight, unpacked (split pairs): for 3inst / mcg the register is left as the
+# lop3 made it, the codebook value's two fp16 summands (lo16, hi16), and the MMA does the sum
+# against a B word that holds the activation in both halves: lo*x + hi*x = (lo + hi)*x, exact
+# in the fp32 accumulator (both summands' exponents lie in 0b011xx, so lo + hi needs at most
+# 15 bits). No HADD2: the weight is never rounded to fp16 (its fp16 rounding is decode_states).
+_DECODE_HALVES_ASM = {
+    cb: "{\n.reg .b32 x;\n" + mul + """
+    lop3.b32 $0, x, 0x8FFF8FFF, 0x3B603B60, 0x6A;
 }"""
     for cb, mul in (("mcg", f"    mul.lo.u32 x, $1, {MCG_MULTIPLIER};"),
                     ("3inst", f"    mad.lo.u32 x, $1, {THREEINST_MULTIPLIER}, {THREEINST_ADDEND};"))
 }
-SPLIT_PAIR_CODEBOOKS = tuple(_DECODE_SINGLE_ASM)
+SPLIT_PAIR_CODEBOOKS = tuple(_DECODE_HALVES_ASM)
 
 
 @dsl_user_op
-def decode_single(state, codebook: str, *, loc=None, ip=None) -> Uint32:
-    """Codebook value of one 16-bit state (upper bits zero) in both halves of an f16x2 word."""
+def decode_halves(state, codebook: str, *, loc=None, ip=None) -> Uint32:
+    """The two fp16 summands (lo16, hi16) of the codebook value of one 16-bit state (upper bits
+    zero) as one f16x2 word: an A register whose MMA against a B word (x, x) adds
+    (lo + hi) * x."""
     res = llvm.inline_asm(
-        T.i32(), [Uint32(state).ir_value(loc=loc, ip=ip)], _DECODE_SINGLE_ASM[codebook], "=r,r",
+        T.i32(), [Uint32(state).ir_value(loc=loc, ip=ip)], _DECODE_HALVES_ASM[codebook], "=r,r",
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
     return Uint32(res)
 
@@ -163,9 +165,9 @@ def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
 
 
 def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
-    """This lane's 8 weights of one tile, one f16x2 register each (element order), the weight in
-    the low half and a finite value in the high half (``decode_single``)."""
-    return [decode_single(s, codebook) for s in lane_states(words, funnels, geo)]
+    """This lane's 8 weights of one tile, one f16x2 register each (element order): the two
+    summands of each weight (``decode_halves``)."""
+    return [decode_halves(s, codebook) for s in lane_states(words, funnels, geo)]
 
 
 @dsl_user_op
@@ -187,12 +189,23 @@ def load_words_v4(words, index, offset: int = 0):
 
 
 @dsl_user_op
-def byte_window(r, *, loc=None, ip=None) -> Uint32:
-    """(r >> 8) & 0xFFFF as one byte permute against zero (prmt selector 0x4421)."""
+def permute_bytes(a, b, selector: int, *, loc=None, ip=None) -> Uint32:
+    """prmt.b32 of (a, b): byte i of the result is byte (selector >> 4 i) & 7 of b:a."""
     res = llvm.inline_asm(
-        T.i32(), [Uint32(r).ir_value(loc=loc, ip=ip)], "prmt.b32 $0, $1, 0, 0x4421;", "=r,r",
+        T.i32(), [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
+        f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r",
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
     return Uint32(res)
+
+
+def byte_window(r):
+    """(r >> 8) & 0xFFFF as one byte permute against zero."""
+    return permute_bytes(r, Uint32(0), 0x4421)
+
+
+def half_in_both(r, high: bool):
+    """The low (or high) 16-bit half of r in both halves: one byte permute."""
+    return permute_bytes(r, r, 0x3232 if high else 0x1010)
 
 
 def cta_thread_ids():
@@ -236,6 +249,6 @@ def hadamard128_lane(v, lane):
 
 
 __all__ = ["SPLIT_PAIR_CODEBOOKS", "block_row_col", "cta_thread_ids", "decode_pair",
-           "decode_single", "decode_words", "decode_words_split", "lane_states", "hadamard128_lane",
+           "decode_halves", "decode_words", "decode_words_split", "half_in_both", "lane_states", "hadamard128_lane",
            "lane_funnels", "load_tile_words", "load_words_v4", "mma_m16n8k16_f16_f32",
            "warp_task"]

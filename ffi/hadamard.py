@@ -23,7 +23,7 @@ Layout contract (flat row-major, sizes static):
           (G = 1 for one linear; unused slots of the MAX_MEMBERS pointers repeat a member) ->
           (xh f16, s f32 [m_pad]): xh "rows" [m_pad, G * k], or "fragments"
           [2 * m_pad * G * k], the decode kernel's split-pair B-fragment words
-          (trellis_geometry.b_fragment_slot; each fp16 zero-extended to a uint32), or "token"
+          (trellis_geometry.b_fragment_slot; each fp16 in both halves of a uint32), or "token"
           [2 * G * k] (m = m_pad = 1: one token's such words, token_fragment_word), of the row
           [x, x, ..., x] (G * k wide), copy g rotated with suh_g; one s per row, the max over
           every copy; s[r] = 1 for r >= m
@@ -250,7 +250,8 @@ def store_rotated(vals: list, blocks: list, inv, lane, dst, base,
                   fragments: cutlass.Constexpr = False):
     """rotated_fp16 of each real block of ``blocks`` (row_blocks; vals as rotation_inputs
     returns them) into ``dst``: column c (this lane's 4 of each block) at base + c, or with
-    ``fragments`` at base + row_fragment_slot(c) (trellis_geometry). The store shared by the
+    ``fragments`` in both halves of uint32 word row_fragment_slot(c) (fp16 elements base +
+    2 * slot and + 1; trellis_geometry). The store shared by the
     MoE glue, FC1's prologue and the row linear."""
     for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
@@ -258,8 +259,9 @@ def store_rotated(vals: list, blocks: list, inv, lane, dst, base,
             f16 = rotated_fp16(vals[i], inv, lane)
             for j in cutlass.range_constexpr(4):
                 c = c0 + 4 * lane + j
-                if cutlass.const_expr(fragments):
-                    dst[base + row_fragment_slot(c)] = f16[j]
+                if cutlass.const_expr(fragments):      # both halves of word slot(c)
+                    dst[base + 2 * row_fragment_slot(c)] = f16[j]
+                    dst[base + 2 * row_fragment_slot(c) + 1] = f16[j]
                 else:
                     dst[base + c] = f16[j]
 
@@ -347,12 +349,12 @@ def _rotate_store(v, factor, row, col, lane, out, cfg):
         elif cfg.layout == "token":             # one row (HadamardConfig checks rows == 1)
             word = token_fragment_word(col + e)
             out[2 * word] = h16
-            out[2 * word + 1] = Float16(0.0)
+            out[2 * word + 1] = h16
         else:
             G, kt, q, ln = b_fragment_slot(row, col + e)
             word = b_fragment_word(G, kt, q, ln, cfg.width // 16)
             out[2 * word] = h16
-            out[2 * word + 1] = Float16(0.0)
+            out[2 * word + 1] = h16
 
 
 @cute.kernel

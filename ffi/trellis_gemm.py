@@ -158,24 +158,29 @@ def _f16_pairs(xh, m_pad: int):
 
 def b_fragment_words(xh, m_pad: int):
     """fp16 [m, k] -> flat uint32 [m_pad * k], the split-pair B-fragment words of the decode
-    kernel (zero-padded rows; trellis_geometry.b_fragment_slot / b_fragment_word as one reshape
-    and transpose). The input transform kernel writes the same words directly
-    (hadamard_in layout "fragments")."""
+    kernel (each value in both halves of its word; zero-padded rows;
+    trellis_geometry.b_fragment_slot / b_fragment_word as one reshape and transpose). The input
+    transform kernel writes the same words directly (hadamard_in layout "fragments")."""
     xh = _padded_rows(xh, m_pad)
     # [G, tok, kt, r, t, h]: k = 16 kt + 8 r + 2 t + h, row = 8 G + tok -> [G, kt, h, r, tok, t].
     x6 = xh.reshape(m_pad // 8, 8, xh.shape[1] // 16, 2, 4, 2)
-    bits = lax.bitcast_convert_type(x6, jnp.uint16).astype(jnp.uint32)
-    return jnp.transpose(bits, (0, 2, 5, 3, 1, 4)).reshape(-1)
+    return jnp.transpose(_both_halves(x6), (0, 2, 5, 3, 1, 4)).reshape(-1)
 
 
 def token_fragment_words(xh):
-    """fp16 [1, k] -> flat uint32 [k], one token's split-pair B-fragment words
-    (trellis_geometry.token_fragment_word as one reshape and transpose; the input transform
-    kernel writes them with layout "token")."""
+    """fp16 [1, k] -> flat uint32 [k], one token's split-pair B-fragment words (each value in
+    both halves; trellis_geometry.token_fragment_word as one reshape and transpose; the input
+    transform kernel writes them with layout "token")."""
     # [kt, r, t, h]: k = 16 kt + 8 r + 2 t + h -> [kt, t, h, r] (register 2h + r of lane t).
     x4 = jnp.asarray(xh, jnp.float16).reshape(xh.shape[-1] // 16, 2, 4, 2)
-    bits = lax.bitcast_convert_type(x4, jnp.uint16).astype(jnp.uint32)
-    return jnp.transpose(bits, (0, 2, 3, 1)).reshape(-1)
+    return jnp.transpose(_both_halves(x4), (0, 2, 3, 1)).reshape(-1)
+
+
+def _both_halves(x):
+    """fp16 [...] -> uint32 [...], each value in both halves of its word (a split-pair B word:
+    the MMA adds lo * x + hi * x, cute_ops.decode_halves)."""
+    bits = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    return bits | (bits << 16)
 
 
 def mma_input_words(xh, cfg):

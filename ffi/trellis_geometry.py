@@ -175,10 +175,10 @@ def b_fragment_slot(row, kk):
     dense decode kernel reads with split pairs: (token group G, k16 step kt, register i, lane).
 
     B of one m16n8k16 is 16 k x 8 tokens; lane 4*tok + t holds k rows 2t, 2t+1 (register 0)
-    and 2t+8, 2t+9 (register 1). With split pairs each k row is alone in the low half of its
-    register (high half zero): register 2h + r holds k row 2t + 8r + h, so the even-k MMA takes
-    registers (0, 1) and the odd-k MMA (2, 3). Plain integer arithmetic: the input-transform
-    kernel runs it on DSL integers, the tests on numpy arrays."""
+    and 2t+8, 2t+9 (register 1). With split pairs each k row is alone in its register (in both
+    halves, against a weight's two fp16 summands): register 2h + r holds k row 2t + 8r + h, so
+    the even-k MMA takes registers (0, 1) and the odd-k MMA (2, 3). Plain integer arithmetic:
+    the input-transform kernel runs it on DSL integers, the tests on numpy arrays."""
     w = kk % 16
     return row // 8, kk // 16, 2 * (w % 2) + w // 8, 4 * (row % 8) + (w % 8) // 2
 

@@ -26,7 +26,8 @@ are fp16 subnormals after division by the larger one.
 
 Layout contract (flat): x [k] (fp32 / bf16 / fp16); suh0..2 [k] fp16 (a group's members'; one
 linear repeats its own); tw0..2 the members' native trellis words; part fp32 [splits, n];
-y fp32 [n]. Shared memory per CTA: 2 bytes per k element of one split.
+y fp32 [n]. Shared memory per CTA: 2 bytes per k element of one split (4 with split pairs: each
+fp16 in both halves of a B word).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Uint16, Uint32
+from cutlass import Float16, Float32, Uint32
 
 from exl3_jax.ops.plans import DEFAULT_SMS
 
@@ -180,9 +181,9 @@ def _member_row_gemm(x, suh, tw, xs, acc, tl0, n16: cutlass.Constexpr, k0, wk, l
     inv = power_of_two_inverse(s)
     store_rotated(vals, blocks, inv, lane, xs, 0, cfg.split_pairs)
     cute.arch.sync_threads()
-    # Split pairs: 4 fp16 per k16 step, each zero-extended into its register (a 16-bit view);
-    # packed: 2 fp16 pairs (row order, a 32-bit view). base folds in the range's first step.
-    xsrc = cute.recast_tensor(xs, Uint16 if cfg.split_pairs else Uint32)
+    # Split pairs: 4 words per k16 step, each fp16 in both halves of its register; packed: 2
+    # fp16 pairs (row order). base folds in the range's first step.
+    xsrc = cute.recast_tensor(xs, Uint32)
     base = lane % 4 - k0 * (16 if cfg.split_pairs else 8)
     for c0 in cutlass.range(k0 + wk * cfg.unroll, k0 + cfg.k_per_split,
                             cfg.warps_k * cfg.unroll):
@@ -206,7 +207,7 @@ def _row_gemm_kernel(x: cute.Tensor, suh0: cute.Tensor, suh1: cute.Tensor, suh2:
     funnels = lane_funnels(lane_geometry(cfg.K), lane)
     acc = zero_accumulators(cfg)
     xs = cutlass.memory.SmemAllocator().allocate_tensor(
-        Float16, cute.make_layout(cfg.k_per_split * 16), 16)
+        Float16, cute.make_layout(cfg.k_per_split * 16 * (2 if cfg.split_pairs else 1)), 16)
     suhs, tws = (suh0, suh1, suh2), (tw0, tw1, tw2)
     s = Float32(1.0)
     if cutlass.const_expr(len(cfg.member_tiles) == 1):

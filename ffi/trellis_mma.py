@@ -15,10 +15,12 @@ Why this shape of kernel:
   * Decode is the floor (bench/anchors.md): each tile is decoded once per CTA, by one warp,
     and reused for all the CTA's token groups (m_tile tokens).
   * The ALU pipe is the decode's bottleneck (81-83% busy for mcg on the H200), so 3inst / mcg
-    with one token group run "split pairs" (MmaTiling.split_pairs): each weight's HADD2 writes
-    it alone into a register, the A operand of an MMA over only the even (then the odd) k rows,
-    whose B fragment has zero high halves. That drops the PRMT per weight of packing two
-    weights into one register (4.1 -> 3.1 ALU ops per weight at K3) for a second MMA.
+    with one token group run "split pairs" (MmaTiling.split_pairs): one weight per register,
+    the A operand of an MMA over only the even (then the odd) k rows. The register holds the
+    codebook value's two fp16 summands as the lop3 leaves them (cute_ops.decode_halves) and the
+    B word holds the activation in both halves, so the MMA adds lo*x + hi*x: no PRMT to pack
+    two weights (4.1 -> 3.1 ALU ops per weight at K3) and no HADD2 to sum the halves, for a
+    second MMA per tile.
     Those B words come in B-fragment order from the input transform, so each B register is one
     128-byte load per warp; row-major B costs 8 L1 wavefronts per load (8 token rows).
   * No shared-memory staging of weights: each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8)
@@ -33,7 +35,7 @@ Why this shape of kernel:
 
 Layout contract (flat, row-major views; all sizes static at compile time):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh (row-major), or with split pairs
-       uint32 [m_pad * k]          one fp16 per word, low half, in B-fragment order
+       uint32 [m_pad * k]          one fp16 per word, in both halves, in B-fragment order
                                   (trellis_geometry.b_fragment_slot); m_pad = m_blocks * m_tile,
                                   zero padded rows; with one_token (m = 1) only row 0 is read:
        uint32 [k]                  split pairs, trellis_geometry.token_fragment_word order
@@ -56,7 +58,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Uint32
 
 from .cute_ops import (SPLIT_PAIR_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
-                       lane_funnels, load_tile_words, load_words_v4, mma_m16n8k16_f16_f32)
+                       half_in_both, lane_funnels, load_tile_words, load_words_v4,
+                       mma_m16n8k16_f16_f32)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry,
                                token_fragment_word)
 
@@ -115,8 +118,8 @@ class MmaTiling:
     def split_pairs(self) -> bool:
         """3inst / mcg with one token group: one weight per A register and two MMAs per tile.
         That trades the PRMT per weight of packing (ALU pipe, the bottleneck there) for a
-        second MMA and a HADD2 per weight (tensor and FMA pipes, mostly idle): -8% (K3) and
-        -10% (K4) at 8192x28672 m=1 on the H200. With 2+ token groups the doubled MMAs and
+        second MMA (the tensor pipe is mostly idle): -8% (K3) and -10% (K4) at 8192x28672 m=1
+        on the H200, with a HADD2 per weight that the MMA now does (decode_halves). With 2+ token groups the doubled MMAs and
         registers cost more than that (+20% at m=16), and mul1's dp4a decode already loads the
         FMA pipe, so both keep packed pairs (bench/NOTES.md)."""
         return self.codebook in SPLIT_PAIR_CODEBOOKS and self.m_groups == 1
@@ -221,8 +224,8 @@ def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16=None):
         lane, x_k16)`` of the CTA's first token group (kt0: the member's row segment); 4 words
         per lane, each load 128 contiguous bytes per warp (trellis_geometry.b_fragment_slot).
       * "rows": x_base is the lane's word in row-major fp16 pairs, x_base + 8 g (x_k16 * 8) +
-        8 kt and + 4; with ``split_pairs`` (grouped MoE kernel) the halves are separated in
-        registers (two ALU ops per register).
+        8 kt and + 4; with ``split_pairs`` (grouped MoE kernel) each fp16 is copied into both
+        halves of its register (one byte permute per register).
     Returns (wbuf [unroll * n_tiles], bfrag [unroll * m_groups] of per-MMA (b0, b1) pairs).
     Shared by the dense and the grouped (MoE) kernels; plain Python, inlined at trace time."""
     wbuf = []
@@ -265,8 +268,8 @@ def fragments_of_words(words, cfg):
         if cfg.x_layout != "rows":
             out.append(((w[0], w[1]), (w[2], w[3])))
         elif cfg.split_pairs:
-            out.append(((w[0] & Uint32(0xFFFF), w[1] & Uint32(0xFFFF)),
-                        (w[0] >> Uint32(16), w[1] >> Uint32(16))))
+            out.append(((half_in_both(w[0], False), half_in_both(w[1], False)),
+                        (half_in_both(w[0], True), half_in_both(w[1], True))))
         else:
             out.append(((w[0], w[1]),))
     return out
@@ -329,8 +332,8 @@ def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32):
 def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
     """Decode the chunk's tiles and accumulate acc[(g * n_tiles + j) * 4 + r] += W^T x: one
     m16n8k16 MMA per tile and token group with weights packed two per register, or two MMAs
-    with ``cfg.split_pairs`` (even-k weights, then odd-k weights, each alone in the low half of
-    its register against a B fragment whose high halves are zero)."""
+    with ``cfg.split_pairs`` (even-k weights, then odd-k weights, each weight's two fp16
+    summands in its register against B words holding each activation in both halves)."""
     for u in range(cfg.unroll):
         for j in range(cfg.n_tiles):
             words = wbuf[u * cfg.n_tiles + j]
