@@ -8,6 +8,8 @@ Importing this module imports cutlass; keep it out of CPU-only import paths.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64, Uint32, Uint64
@@ -15,60 +17,80 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from exl3_jax.format.spec import MCG_MULTIPLIER, MUL1_MULTIPLIER
+from exl3_jax.trellis.codebook import THREEINST_ADDEND, THREEINST_MULTIPLIER
 
 from .trellis_geometry import LaneGeometry, lane_funnel
 
-THREEINST_MULTIPLIER = 89226354
-THREEINST_ADDEND = 64248484
-
-# Two states -> two codebook values packed as f16x2 (first state in the low half, which is the
-# lower-indexed element of an MMA register pair). One asm block per pair keeps the f16x2 path
-# (prmt + one add.f16x2 / fma.f16x2 per two weights) that the spec's arithmetic allows exactly:
+# Codebook arithmetic (exl3_format.md 3.1-3.3), as PTX:
 #  * 3inst / mcg: x = state * a (+ b); x = (x & 0x8FFF8FFF) ^ 0x3B603B60 (lop3 0x6A);
-#    value = fp16(lo16) + fp16(hi16), one RNE rounding (exl3_format.md 3.1/3.2).
+#    value = fp16(lo16) + fp16(hi16), one RNE rounding.
 #  * mul1: x = state * 0x83DCD12D; h = fp16 bits 0x6400 + bytesum(x) (= 1024 + sum exactly);
-#    value = fma.rn.f16(h, 0x1EEE, 0xC931) (exl3_format.md 3.3).
-_LOP3_TAIL = """
-    lop3.b32 xa, xa, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-    lop3.b32 xb, xb, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-    prmt.b32 lo, xa, xb, 0x5410;
-    prmt.b32 hi, xa, xb, 0x7632;
-    add.rn.f16x2 $0, lo, hi;
-}"""
-_DECODE_PAIR_ASM = {
-    "mcg": "{\n.reg .b32 xa, xb, lo, hi;\n"
-           f"    mul.lo.u32 xa, $1, {MCG_MULTIPLIER};\n"
-           f"    mul.lo.u32 xb, $2, {MCG_MULTIPLIER};" + _LOP3_TAIL,
-    "3inst": "{\n.reg .b32 xa, xb, lo, hi;\n"
-             f"    mad.lo.u32 xa, $1, {THREEINST_MULTIPLIER}, {THREEINST_ADDEND};\n"
-             f"    mad.lo.u32 xb, $2, {THREEINST_MULTIPLIER}, {THREEINST_ADDEND};" + _LOP3_TAIL,
-    "mul1": "{\n.reg .b32 xa, xb, ones, h, kinv, kbias;\n"
-            f"    mul.lo.u32 xa, $1, {MUL1_MULTIPLIER};\n"
-            f"    mul.lo.u32 xb, $2, {MUL1_MULTIPLIER};\n"
-            "    mov.b32 ones, 0x01010101;\n"
-            "    dp4a.u32.u32 xa, xa, ones, 0x6400;\n"
-            "    dp4a.u32.u32 xb, xb, ones, 0x6400;\n"
-            "    prmt.b32 h, xa, xb, 0x5410;\n"
-            "    mov.b32 kinv, 0x1EEE1EEE;\n"
-            "    mov.b32 kbias, 0xC931C931;\n"
-            "    fma.rn.f16x2 $0, h, kinv, kbias;\n"
-            "}",
-}
+#    value = fma.rn.f16(h, 0x1EEE, 0xC931).
+# A state is a 16-bit value (upper bits zero) or a FoldedState (lane_states): for those the
+# product is formed from the unmasked word, which moves the 16-bit mask off the ALU pipe.
+_LOP3 = "    lop3.b32 {0}, {0}, 0x8FFF8FFF, 0x3B603B60, 0x6A;\n"
+
+
+class FoldedState(NamedTuple):
+    """The state ``word & 0xFFFF`` left unmasked, with ``high = word >> 16`` (which the lane
+    extracts anyway, as another state). state * a = word * a - high * (a << 16) mod 2^32: two
+    IMADs (FMA pipe) in place of a LOP3 mask (ALU pipe) and an IMAD."""
+    word: object
+    high: object
+
+
+def _product(codebook: str, dst: str, operands: list) -> str:
+    """PTX for dst = state * a (+ b) of one state whose registers are operands ($i names)."""
+    a = {"mcg": MCG_MULTIPLIER, "3inst": THREEINST_MULTIPLIER, "mul1": MUL1_MULTIPLIER}[codebook]
+    b = THREEINST_ADDEND if codebook == "3inst" else 0
+    if len(operands) == 1:
+        op = f"mad.lo.u32 {dst}, {operands[0]}, {a}, {b}" if b else \
+            f"mul.lo.u32 {dst}, {operands[0]}, {a}"
+        return f"    {op};\n"
+    word, high = operands
+    first = f"mad.lo.u32 {dst}, {word}, {a}, {b}" if b else f"mul.lo.u32 {dst}, {word}, {a}"
+    return f"    {first};\n    mad.lo.u32 {dst}, {high}, {(-(a << 16)) % 2**32}, {dst};\n"
+
+
+def _state_operands(states, loc, ip):
+    """(ir values, PTX operand names per state) of a list of states (plain or FoldedState)."""
+    values, names = [], []
+    for st in states:
+        parts = list(st) if isinstance(st, FoldedState) else [st]
+        names.append([f"${1 + len(values) + i}" for i in range(len(parts))])
+        values += [Uint32(v).ir_value(loc=loc, ip=ip) for v in parts]
+    return values, names
+
+
+def _asm_u32(values, body: str, loc, ip) -> Uint32:
+    res = llvm.inline_asm(T.i32(), values, body, ",".join(["=r"] + ["r"] * len(values)),
+                          has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Uint32(res)
 
 
 @dsl_user_op
 def decode_pair(state_a, state_b, codebook: str, *, loc=None, ip=None) -> Uint32:
-    """Codebook values of two 16-bit states (upper bits must be zero) as one f16x2 word."""
-    res = llvm.inline_asm(
-        T.i32(),
-        [Uint32(state_a).ir_value(loc=loc, ip=ip), Uint32(state_b).ir_value(loc=loc, ip=ip)],
-        _DECODE_PAIR_ASM[codebook],
-        "=r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return Uint32(res)
+    """Codebook values of two states as one f16x2 word (the first in the low half, the
+    lower-indexed element of an MMA register pair): one asm block keeps the f16x2 path (prmt +
+    one add.f16x2 / fma.f16x2 per two weights) that the spec's arithmetic allows exactly."""
+    values, (na, nb) = _state_operands([state_a, state_b], loc, ip)
+    body = "{\n.reg .b32 xa, xb, lo, hi, ones, kinv, kbias;\n"
+    body += _product(codebook, "xa", na) + _product(codebook, "xb", nb)
+    if codebook == "mul1":
+        body += ("    mov.b32 ones, 0x01010101;\n"
+                 "    dp4a.u32.u32 xa, xa, ones, 0x6400;\n"
+                 "    dp4a.u32.u32 xb, xb, ones, 0x6400;\n"
+                 "    prmt.b32 lo, xa, xb, 0x5410;\n"
+                 "    mov.b32 kinv, 0x1EEE1EEE;\n"
+                 "    mov.b32 kbias, 0xC931C931;\n"
+                 "    fma.rn.f16x2 $0, lo, kinv, kbias;\n}")
+    else:
+        body += (_LOP3.format("xa") + _LOP3.format("xb")
+                 + "    prmt.b32 lo, xa, xb, 0x5410;\n"
+                   "    prmt.b32 hi, xa, xb, 0x7632;\n"
+                   "    add.rn.f16x2 $0, lo, hi;\n}")
+    return _asm_u32(values, body, loc, ip)
 
 
 # One state -> one weight, unpacked (split pairs): for 3inst / mcg the register is left as the
@@ -76,25 +98,19 @@ def decode_pair(state_a, state_b, codebook: str, *, loc=None, ip=None) -> Uint32
 # against a B word that holds the activation in both halves: lo*x + hi*x = (lo + hi)*x, exact
 # in the fp32 accumulator (both summands' exponents lie in 0b011xx, so lo + hi needs at most
 # 15 bits). No HADD2: the weight is never rounded to fp16 (its fp16 rounding is decode_states).
-_DECODE_HALVES_ASM = {
-    cb: "{\n.reg .b32 x;\n" + mul + """
-    lop3.b32 $0, x, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-}"""
-    for cb, mul in (("mcg", f"    mul.lo.u32 x, $1, {MCG_MULTIPLIER};"),
-                    ("3inst", f"    mad.lo.u32 x, $1, {THREEINST_MULTIPLIER}, {THREEINST_ADDEND};"))
-}
-SPLIT_PAIR_CODEBOOKS = tuple(_DECODE_HALVES_ASM)
+# The codebooks whose decode is a multiply and a lop3: ALU-bound (mul1's dp4a loads the FMA
+# pipe), so they run split pairs and extract states on the FMA pipe where it can.
+LOP3_CODEBOOKS = ("mcg", "3inst")
 
 
 @dsl_user_op
 def decode_halves(state, codebook: str, *, loc=None, ip=None) -> Uint32:
-    """The two fp16 summands (lo16, hi16) of the codebook value of one 16-bit state (upper bits
-    zero) as one f16x2 word: an A register whose MMA against a B word (x, x) adds
-    (lo + hi) * x."""
-    res = llvm.inline_asm(
-        T.i32(), [Uint32(state).ir_value(loc=loc, ip=ip)], _DECODE_HALVES_ASM[codebook], "=r,r",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return Uint32(res)
+    """The two fp16 summands (lo16, hi16) of the codebook value of one state (3inst / mcg) as
+    one f16x2 word: an A register whose MMA against a B word (x, x) adds (lo + hi) * x."""
+    values, (names,) = _state_operands([state], loc, ip)
+    body = ("{\n.reg .b32 x;\n" + _product(codebook, "x", names) + _LOP3.format("x")
+            + "    mov.b32 $0, x;\n}")
+    return _asm_u32(values, body, loc, ip)
 
 
 @dsl_user_op
@@ -131,43 +147,67 @@ def load_tile_words(tw, tile_base, funnels, geo: LaneGeometry):
     return [(tw[tile_base + hi], tw[tile_base + lo]) for hi, lo, _ in funnels]
 
 
-def lane_states(words, funnels, geo: LaneGeometry):
-    """This lane's 8 16-bit states of one tile (element order), from the words of
-    ``load_tile_words``. Each state is one 64-bit funnel shift (SHF.R.U64) and a 16-bit mask,
-    or, where the shifts are the same for every lane (K = 4, 8), one instruction on a shared
-    32-bit base word (``LaneGeometry.extraction``)."""
+@dsl_user_op
+def high_half(r, *, loc=None, ip=None) -> Uint32:
+    """r >> 16 as a high multiply by 2^16 (IMAD.HI: the FMA pipe, not the ALU pipe's SHF)."""
+    return _asm_u32([Uint32(r).ir_value(loc=loc, ip=ip)], "mul.hi.u32 $0, $1, 65536;", loc, ip)
+
+
+def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False):
+    """This lane's 8 states of one tile (element order), from the words of
+    ``load_tile_words``.
+
+    Where the shifts depend on the lane, each state is one 64-bit funnel shift (SHF.R.U64) and
+    a 16-bit mask (both ALU); with ``fma_pipe``, where every lane's states lie at bit 16 or
+    above (LaneGeometry.top_windows: K = 1, 2), the funnel puts the state in its top 16 bits
+    and a high multiply takes them (ALU + FMA). Where the shifts are the same for every lane
+    (K = 4, 8) each state is one instruction on a shared 32-bit base word
+    (``LaneGeometry.extraction``); with ``fma_pipe`` its 16-bit shifts are high multiplies and
+    a mask whose base word also yields a shifted state is folded into the codebook multiply
+    (FoldedState). fma_pipe serves the ALU-bound decodes (LOP3_CODEBOOKS): it trades ALU
+    operations for FMA-pipe ones, one for one."""
     states = []
     for gi in range(geo.groups):
         hi, lo = words[gi]
         merged = (Uint64(hi) << Uint64(32)) | Uint64(lo)
         plan = geo.extraction(gi)
-        if plan is None:          # the shift depends on the lane: one funnel + mask per state
+        if plan is None:          # the shift depends on the lane: one funnel per state
             sh0 = funnels[gi][2]
-            for q in range(geo.group):
-                sh = Uint64(sh0 - geo.offsets[q])
-                states.append(Uint32(merged >> sh) & Uint32(0xFFFF))
+            for off in geo.offsets:
+                if fma_pipe and geo.top_windows[gi]:
+                    states.append(high_half(Uint32(merged >> Uint64(sh0 - 16 - off))))
+                else:
+                    states.append(Uint32(merged >> Uint64(sh0 - off)) & Uint32(0xFFFF))
             continue
         # Compile-time shifts (K = 4, 8): a few 32-bit base words, one instruction per state.
         bases, parts = plan
         base = {b: Uint32(lo) if b == 0 else Uint32(merged >> Uint64(b)) for b in bases}
+        highs = {b: high_half(base[b]) if fma_pipe else base[b] >> Uint32(16)
+                 for b, part in parts if part == 16}
         for b, part in parts:
             r = base[b]
-            states.append(r & Uint32(0xFFFF) if part == 0 else
-                          r >> Uint32(16) if part == 16 else byte_window(r))
+            if part == 16:
+                states.append(highs[b])
+            elif part == 8:
+                states.append(byte_window(r))
+            elif fma_pipe and b in highs:
+                states.append(FoldedState(r, highs[b]))
+            else:
+                states.append(r & Uint32(0xFFFF))
     return states
 
 
 def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
     """This lane's 4 f16x2 registers of one tile, in element order ((e0,e1), (e2,e3), (e4,e5),
     (e6,e7)): two weights packed per register."""
-    states = lane_states(words, funnels, geo)
+    states = lane_states(words, funnels, geo, codebook in LOP3_CODEBOOKS)
     return [decode_pair(states[2 * p], states[2 * p + 1], codebook) for p in range(4)]
 
 
 def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
     """This lane's 8 weights of one tile, one f16x2 register each (element order): the two
     summands of each weight (``decode_halves``)."""
-    return [decode_halves(s, codebook) for s in lane_states(words, funnels, geo)]
+    return [decode_halves(s, codebook) for s in lane_states(words, funnels, geo, True)]
 
 
 @dsl_user_op
@@ -248,7 +288,8 @@ def hadamard128_lane(v, lane):
     return v
 
 
-__all__ = ["SPLIT_PAIR_CODEBOOKS", "block_row_col", "cta_thread_ids", "decode_pair",
-           "decode_halves", "decode_words", "decode_words_split", "half_in_both", "lane_states", "hadamard128_lane",
-           "lane_funnels", "load_tile_words", "load_words_v4", "mma_m16n8k16_f16_f32",
+__all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cta_thread_ids",
+           "decode_halves", "decode_pair", "decode_words", "decode_words_split", "half_in_both",
+           "hadamard128_lane", "high_half", "lane_funnels", "lane_states", "load_tile_words",
+           "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes",
            "warp_task"]

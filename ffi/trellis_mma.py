@@ -57,7 +57,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Uint32
 
-from .cute_ops import (SPLIT_PAIR_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
+from .cute_ops import (LOP3_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
                        half_in_both, lane_funnels, load_tile_words, load_words_v4,
                        mma_m16n8k16_f16_f32)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry,
@@ -122,7 +122,7 @@ class MmaTiling:
         on the H200, with a HADD2 per weight that the MMA now does (decode_halves). With 2+ token groups the doubled MMAs and
         registers cost more than that (+20% at m=16), and mul1's dp4a decode already loads the
         FMA pipe, so both keep packed pairs (bench/NOTES.md)."""
-        return self.codebook in SPLIT_PAIR_CODEBOOKS and self.m_groups == 1
+        return self.codebook in LOP3_CODEBOOKS and self.m_groups == 1
 
     @property
     def x_layout(self) -> str:

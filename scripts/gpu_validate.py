@@ -7,7 +7,9 @@
 Sections (each recorded even if another fails):
   decode_exact: the kernels' decoded weights bit-exact vs exl3_jax.trellis.decode_trellis, every
     codebook x rate: the dequantize kernel's W_hat^T compared bitwise, and the decode+MMA kernel
-    fed one-hot fp16 rows with the rotations off (e_i @ W_hat = W_hat[i] exactly in fp32).
+    fed one-hot fp16 rows with the rotations off (e_i @ W_hat = W_hat[i] exactly in fp32), 32
+    rows per call and one (the m = 1 plan; with split pairs each weight is the unrounded fp32
+    sum of its two fp16 halves, decode_trellis(unrounded=True)).
   gemm: relative L2 error vs the fp32 reference (linear_reference) for every codebook x rate and
     m in {1, 2, 3, 7, 8, 16, 31, 32, 33, 128, 1000, 4096}, with the auto plan and, for m <= 32,
     also the prefill plan; kernel outputs are NaN-poisoned (aliased output buffers) so an
@@ -81,31 +83,42 @@ def poisoned_forward(x, w, plan):
 
 def check_decode_exact(cb, K, k, n):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
-    in chunks of 32 (lax.map), so the config costs one XLA compile."""
+    in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
+    plan: split pairs for 3inst / mcg, whose MMA sums each weight's two fp16 halves in fp32, so
+    the reference is the unrounded value), so the config costs one XLA compile."""
     w = gb.random_weight(k, n, K, cb, seed=11)
     ref = np.asarray(decode_trellis(w.trellis, cb))                  # fp16 [k, n]
     dq_plan = select_plan(4096, k, n, force="prefill")
-    mma_plan = select_plan(32, k, n, force="decode")
-    cfg = tg._mma_config(w, mma_plan)
+    plans = {32: select_plan(32, k, n, force="decode"), 1: select_plan(1, k, n, force="decode")}
+    cfgs = {m: tg._mma_config(w, plan) for m, plan in plans.items()}
 
     @jax.jit
-    def run(w, eye_chunks):
+    def run(w, eye):
         wt = tg.dequantize_transposed(
             w, dq_plan, out_init=jnp.full((n * k // 2,), NAN_F16X2, jnp.uint32))
-        init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), NAN_F32)
-        rows = jax.lax.map(
-            lambda e: jnp.sum(tg.mma_partials(e, w, mma_plan, out_init=init), axis=0),
-            eye_chunks)
-        return wt, rows.reshape(k, n)
+        rows = {}
+        for m, plan in plans.items():
+            c = cfgs[m]
+            init = jnp.full((c.splits * c.m_pad * c.n,), NAN_F32)
+            part = jax.lax.map(
+                lambda e, plan=plan, init=init: tg.mma_partials(e, w, plan, out_init=init),
+                eye.reshape(k // m, m, k))                     # [k/m, splits, m_pad, n]
+            rows[m] = jnp.sum(part[:, :, :m], axis=1).reshape(k, n)
+        return wt, rows
 
-    eye = jnp.eye(k, dtype=jnp.float16).reshape(k // 32, 32, k)
-    wt, rows = (np.asarray(a) for a in run(w, eye))
-    res = {"codebook": cb, "K": K, "k": k, "n": n, "splits": cfg.splits}
+    wt, rows = run(w, jnp.eye(k, dtype=jnp.float16))
+    wt = np.asarray(wt)
+    res = {"codebook": cb, "K": K, "k": k, "n": n, "splits": cfgs[32].splits,
+           "m1_split_pairs": cfgs[1].split_pairs}
     res["dequant_mismatches"] = int(np.sum(wt.T.view(np.uint16) != ref.view(np.uint16)))
-    res["mma_mismatches"] = int(np.sum(rows.astype(np.float32).view(np.uint32)
-                                       != ref.astype(np.float32).view(np.uint32)))
+    want = {32: ref.astype(np.float32),
+            1: np.asarray(decode_trellis(w.trellis, cb, unrounded=cfgs[1].split_pairs),
+                          np.float32)}
+    for m, key in ((32, "mma_mismatches"), (1, "mma_m1_mismatches")):
+        got = np.asarray(rows[m], np.float32)
+        res[key] = int(np.sum(got.view(np.uint32) != want[m].view(np.uint32)))
     res["dequant_bit_exact"] = res["dequant_mismatches"] == 0
-    res["mma_bit_exact"] = res["mma_mismatches"] == 0
+    res["mma_bit_exact"] = res["mma_mismatches"] == 0 and res["mma_m1_mismatches"] == 0
     return res
 
 
@@ -337,7 +350,8 @@ def run_validation(args) -> dict:
             rows.append(r)
             log(f"[decode_exact] {cb:5} K={K:<4} " + " ".join(
                 f"{key}={r[key]}" for key in ("dequant_bit_exact", "mma_bit_exact",
-                                              "dequant_mismatches", "mma_mismatches", "error")
+                                              "dequant_mismatches", "mma_mismatches",
+                                              "mma_m1_mismatches", "error")
                 if key in r))
         return rows
 

@@ -51,6 +51,26 @@ def test_lane_geometry_matches_reference_states(rng, K):
     words = u[:, 0::2] | (u[:, 1::2] << 16)
     ref = np.asarray(unpack_states(jnp.asarray(trellis)))
     np.testing.assert_array_equal(emulate_lane_states(words, K), ref)
+    # The FMA-pipe extraction (top-aligned funnel windows, pre-shifted where a lane needs it).
+    np.testing.assert_array_equal(emulate_lane_states(words, K, fma_pipe=True), ref)
+
+
+@pytest.mark.parametrize("codebook", ["mcg", "3inst"])
+def test_folded_state_product(rng, codebook):
+    # FoldedState: state * a from the unmasked base word r and high = r >> 16, as the decode's
+    # two IMADs compute it (cute_ops._product), equals the masked state's product mod 2^32.
+    from exl3_jax.trellis.codebook import (MCG_MULTIPLIER, THREEINST_ADDEND,
+                                           THREEINST_MULTIPLIER)
+    a, b = ((MCG_MULTIPLIER, 0) if codebook == "mcg"
+            else (THREEINST_MULTIPLIER, THREEINST_ADDEND))
+    r = rng.integers(0, 2**32, size=4096, dtype=np.uint64)
+    r[:3] = [0, 0xFFFFFFFF, 0xFFFF0000]
+    mod = np.uint64(2**32)
+    want = ((r & np.uint64(0xFFFF)) * np.uint64(a) + np.uint64(b)) % mod
+    high = r >> np.uint64(16)
+    got = ((r * np.uint64(a) + np.uint64(b)) % mod
+           + high * np.uint64((-(a << 16)) % 2**32)) % mod
+    np.testing.assert_array_equal(got, want)
 
 
 def test_lane_geometry_groups():

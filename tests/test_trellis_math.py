@@ -82,6 +82,36 @@ def test_decode_places_states_by_tile_perm(K, codebook, rng):
                                   tile.view(np.uint16))
 
 
+@pytest.mark.parametrize("codebook", ["3inst", "mcg", "mul1"])
+def test_unrounded_values_round_to_the_weights(codebook, rng):
+    # Every state: the fp32 value before the fp16 rounding (what the split-pair kernels'
+    # MMA multiplies) rounds to the weight, and for 3inst / mcg it is the exact sum of the two
+    # fp16 halves (float64 NumPy), for mul1 the exact (1024 + bytesum) * k_inv + k_bias.
+    states = np.arange(1 << 16, dtype=np.uint32)
+    exact = np.asarray(decode_states(states, codebook, unrounded=True))
+    assert exact.dtype == np.float32
+    weights = np.asarray(decode_states(states, codebook))
+    np.testing.assert_array_equal(exact.astype(np.float16).view(np.uint16),
+                                  weights.view(np.uint16))
+    if codebook == "mul1":
+        x = (states * np.uint64(0x83DCD12D)) % np.uint64(2**32)
+        h = sum((x >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)) + 1024
+        want = h * float(np.float16(np.uint16(0x1EEE).view(np.float16))) + float(
+            np.float16(np.uint16(0xC931).view(np.float16)))
+    else:
+        a, b = (0xCBAC1FED, 0) if codebook == "mcg" else (89226354, 64248484)
+        x = (states.astype(np.uint64) * np.uint64(a) + np.uint64(b)) % np.uint64(2**32)
+        x = (x & np.uint64(0x8FFF8FFF)) ^ np.uint64(0x3B603B60)
+        halves = [(x >> np.uint64(s)) & np.uint64(0xFFFF) for s in (0, 16)]
+        want = sum(v.astype(np.uint16).view(np.float16).astype(np.float64) for v in halves)
+    np.testing.assert_array_equal(exact.astype(np.float64), want)
+    assert not np.array_equal(exact, weights.astype(np.float32))       # some do round
+    trellis = rng.integers(-32768, 32768, (2, 2, width_from_rate(3)), dtype=np.int16)
+    np.testing.assert_array_equal(
+        np.asarray(decode_trellis(trellis, codebook, unrounded=True)).astype(np.float16),
+        np.asarray(decode_trellis(trellis, codebook)))
+
+
 def test_half_rate_needs_mul1(rng):
     trellis = rng.integers(-32768, 32768, (8, 8, 40), dtype=np.int16)
     with pytest.raises(ValueError, match="mul1"):

@@ -31,20 +31,23 @@ def _u32(value: int):
 
 
 def _two_halves_sum(x):
-    """fp16(lo16) + fp16(hi16) rounded once to fp16 (exact via fp32, spec 3.1)."""
+    """fp16(lo16) + fp16(hi16) in fp32, exact (both exponents lie in 0b011xx); its one rounding
+    to fp16 is the weight (spec 3.1)."""
     lo = lax.bitcast_convert_type((x & _u32(0xFFFF)).astype(jnp.uint16), jnp.float16)
     hi = lax.bitcast_convert_type((x >> _u32(16)).astype(jnp.uint16), jnp.float16)
-    return (lo.astype(jnp.float32) + hi.astype(jnp.float32)).astype(jnp.float16)
+    return lo.astype(jnp.float32) + hi.astype(jnp.float32)
 
 
-def decode_states(states, codebook: str):
+def decode_states(states, codebook: str, *, unrounded: bool = False):
     """Decode 16-bit trellis states to weights.
 
     Args:
       states: integer array [...] (only the low 16 bits are used).
       codebook: "3inst", "mcg" or "mul1".
+      unrounded: return the value before its one fp16 rounding (exact in fp32), what the GPU
+        decode kernels' split pairs multiply (the MMA sums the two fp16 halves in fp32).
     Returns:
-      float16 [...], bit-exact with exllamav3's decoders.
+      float16 [...], bit-exact with exllamav3's decoders (float32 if ``unrounded``).
     """
     check_codebook(codebook)
     s = jnp.asarray(states).astype(jnp.uint32) & _u32(0xFFFF)
@@ -55,13 +58,15 @@ def decode_states(states, codebook: str):
         h = (byte_sum + _u32(1024)).astype(jnp.float32)       # fp16(0x6400 + s) = 1024 + s
         # h * k_inv has <= 22 significant bits and the sum is a multiple of 2^-18 below 2^4,
         # so both fp32 steps are exact and the one fp16 rounding equals the kernel's fp16 FMA.
-        return (h * np.float32(MUL1_K_INV) + np.float32(MUL1_K_BIAS)).astype(jnp.float16)
+        value = h * np.float32(MUL1_K_INV) + np.float32(MUL1_K_BIAS)
+        return value if unrounded else value.astype(jnp.float16)
     if codebook == "mcg":
         x = s * _u32(MCG_MULTIPLIER)
     else:
         x = s * _u32(THREEINST_MULTIPLIER) + _u32(THREEINST_ADDEND)
     x = (x & _u32(LOP3_AND)) ^ _u32(LOP3_XOR)
-    return _two_halves_sum(x)
+    value = _two_halves_sum(x)
+    return value if unrounded else value.astype(jnp.float16)
 
 
 def codebook_table(codebook: str):

@@ -17,14 +17,15 @@ from .hadamard import hadamard128
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def decode_trellis(trellis, codebook: str):
+def decode_trellis(trellis, codebook: str, *, unrounded: bool = False):
     """Decode packed trellis tiles to the rotated-basis weight W_hat, bit-exactly.
 
     Args:
       trellis: int16 [..., k/16, n/16, W].
       codebook: "3inst", "mcg" or "mul1" (half rates require "mul1").
+      unrounded: each weight before its fp16 rounding (codebook.decode_states).
     Returns:
-      float16 [..., k, n].
+      float16 [..., k, n] (float32 if ``unrounded``).
     """
     check_codebook(codebook)
     trellis = jnp.asarray(trellis)
@@ -35,7 +36,7 @@ def decode_trellis(trellis, codebook: str):
     # Emit states directly in tile-position order (p = 16 r + c): order[p] = t with perm[t] = p.
     order = np.argsort(tile_perm())
     states = window_states(words_to_u32(trellis), layout, order)       # [..., tk, tn, 256]
-    values = decode_states(states, codebook)
+    values = decode_states(states, codebook, unrounded=unrounded)
     *lead, tk, tn, _ = values.shape
     values = values.reshape(*lead, tk, tn, TILE, TILE)                  # [..., tk, tn, r, c]
     values = jnp.moveaxis(values, -2, -3)                               # [..., tk, r, tn, c]
