@@ -19,7 +19,9 @@ repacking. Importing this module does not import cutlass (CPU-only processes sta
 kernels are compiled by cutlass.jax.cutlass_call when a jitted function is lowered for CUDA.
 
 Environment:
-  EXL3_JAX_PLAN = auto | decode | prefill    force a plan kind (decode needs m <= 32).
+  EXL3_JAX_PLAN = auto | decode | prefill | tiles
+                                              force a plan kind (decode needs m <= 32; tiles:
+                                              ffi/trellis_tiles.py, not yet chosen by auto).
   EXL3_JAX_CUTE_OPTIONS = "..."               extra cute.compile options (debugging).
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
   EXL3_JAX_GROUPS = 1 | 0                     linears sharing an input (q/k/v, gate/up) run as one
@@ -223,6 +225,33 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                      n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
                      unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
                      one_token=_one_token(plan)).validate()
+
+
+def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
+    from .trellis_tiles import TileGemmConfig
+    return TileGemmConfig(codebook=weight.codebook, K=weight.K,
+                          m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
+                          m_tile=plan.m_tile, warps=plan.warps, n_tiles=plan.n_tiles,
+                          splits=plan.splits, k_chunk=plan.unroll).validate()
+
+
+def tiles_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
+    """The large-token-tile kernel (ffi/trellis_tiles.py) on row-major activation words xw
+    (f16 pairs [m_pad, k/2]): flat fp32 [splits * m_pad * n]. out_init: as in
+    mma_partials_words."""
+    from cutlass.jax import cutlass_call
+
+    from .trellis_tiles import launch_trellis_tiles
+
+    cfg = _tiles_config(weight, plan)
+    tw = trellis_words(weight.trellis)
+    shape = jax.ShapeDtypeStruct((cfg.splits * cfg.m_pad * cfg.n,), jnp.float32)
+    if out_init is None:
+        return cutlass_call(launch_trellis_tiles, output_shape_dtype=shape, cfg=cfg,
+                            compile_options=_cute_options())(xw, tw)
+    return cutlass_call(launch_trellis_tiles, output_shape_dtype=shape,
+                        input_output_aliases={2: 0}, cfg=cfg,
+                        compile_options=_cute_options())(xw, tw, out_init)
 
 
 def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
@@ -450,6 +479,12 @@ def rotated_matmul(xh, weight: Exl3Weight, plan: TrellisPlan, *, poison: bool = 
             cfg = _mma_config(weight, plan)
             init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan))
         return jnp.sum(mma_partials(xh, weight, plan, out_init=init), axis=0)[:plan.m]
+    if plan.kind == "tiles":
+        cfg = _tiles_config(weight, plan)
+        init = (jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison
+                else None)
+        part = tiles_partials_words(_f16_pairs(xh, cfg.m_pad), weight, plan, out_init=init)
+        return jnp.sum(part.reshape(cfg.splits, cfg.m_pad, cfg.n), axis=0)[:plan.m]
     init = jnp.full((weight.n * weight.k // 2,), np.uint32(0x7E007E00)) if poison else None
     wt = dequantize_transposed(weight, plan, out_init=init)
     return lax.dot_general(jnp.asarray(xh, jnp.float16), wt, (((1,), (1,)), ((), ())),
@@ -502,6 +537,12 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
         cfg = _mma_config(weight, plan)
         xw, scale = decode_input_words(x2, weight.suh, cfg)
         part = mma_partials_words(xw, weight, plan)
+        y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
+                         splits=cfg.splits, n=weight.n)
+    elif plan.kind == "tiles":
+        cfg = _tiles_config(weight, plan)
+        xh, scale = hadamard_in(x2, weight.suh, cfg.m_pad)
+        part = tiles_partials_words(f16_words(xh), weight, plan)
         y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
                          splits=cfg.splits, n=weight.n)
     else:
@@ -572,4 +613,5 @@ __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decod
            "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
            "output_transform", "plan_for", "rotated_matmul", "row_scale", "supports",
-           "token_fragment_words", "trellis_matmul_gpu", "trellis_words"]
+           "tiles_partials_words", "token_fragment_words", "trellis_matmul_gpu",
+           "trellis_words"]

@@ -12,7 +12,7 @@ Sections (each recorded even if another fails):
     sum of its two fp16 halves, decode_trellis(unrounded=True)).
   gemm: relative L2 error vs the fp32 reference (linear_reference) for every codebook x rate and
     m in {1, 2, 3, 7, 8, 16, 31, 32, 33, 128, 1000, 4096}, with the auto plan and, for m <= 32,
-    also the prefill plan; kernel outputs are NaN-poisoned (aliased output buffers) so an
+    also the prefill plan (m > 32: also the large-token-tile plan); kernel outputs are NaN-poisoned (aliased output buffers) so an
     unwritten element shows up as NaN.
   group (--group): linear groups (members (n, n/4, n/4) and (n, n), sharing x, one launch of
     each kernel) vs each member's fp32 reference, NaN-poisoned partials and the production
@@ -127,7 +127,10 @@ def check_gemm(cb, K, k, n, ms):
     w = gb.random_weight(k, n, K, cb, seed=5)
     bias = jnp.asarray(np.random.default_rng(9).standard_normal(n) * 0.1, jnp.float16)
     w = type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features, w.out_features)
-    cases = [(m, kind) for m in ms for kind in (("decode", "prefill") if m <= 32 else ("prefill",))]
+    # every m through the prefill plan, m <= 32 through the decode plan and m > 32 through the
+    # large-token-tile plan ("tiles", ffi/trellis_tiles.py) too
+    cases = [(m, kind) for m in ms
+             for kind in (("decode", "prefill") if m <= 32 else ("tiles", "prefill"))]
     plans = [select_plan(m, k, n, force=kind) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
@@ -576,7 +579,7 @@ def main(argv=None) -> int:
                    help="comma-separated subset of decode_exact,row_linear,group,gemm,dispatch,"
                         "row_scale (default: all; group only with --group)")
     p.add_argument("--m", default=None, help="gemm section's m values (default: the issue's)")
-    p.add_argument("--memcheck", choices=("decode", "prefill", "group", "row"))
+    p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")
     p.add_argument("--sass-shapes", default="4096x14336")

@@ -118,6 +118,27 @@ def test_plan_selection(k, n):
                                                for m in range(1, 9))}) == 1
 
 
+@pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
+@pytest.mark.parametrize("m", [33, 64, 65, 128, 1000])
+def test_tiles_plan(k, n, m):
+    # Forced only (not chosen by auto until measured): token tiles of 64 / 128, 128-column
+    # CTAs, whole 4-step chunks per split, the fewest splits giving two CTAs per SM.
+    assert plans.select_plan(m, k, n).kind == "prefill"
+    p = plans.select_plan(m, k, n, force="tiles")
+    assert p.kind == "tiles" and p.m_tile == (64 if m <= 64 else 128)
+    assert p.warps * p.n_tiles == 8 and (n // 16) % 8 == 0
+    kps = (k // 16) // p.splits
+    assert (k // 16) % p.splits == 0 and kps % p.unroll == 0 and p.splits <= 16
+    ctas = (n // 128) * -(-m // p.m_tile)
+    fewer = [s for s in range(1, p.splits) if (k // 16) % s == 0 and ((k // 16) // s) % 4 == 0]
+    assert ctas * p.splits >= 2 * plans.DEFAULT_SMS or p.splits == max(
+        [s for s in range(1, 17) if (k // 16) % s == 0 and ((k // 16) // s) % 4 == 0])
+    assert all(ctas * s < 2 * plans.DEFAULT_SMS for s in fewer)
+    with pytest.raises(ValueError, match="unknown plan kind"):
+        from exl3_jax.ops import moe_plans
+        moe_plans.moe_plan(m, 8, 128, 2048, 768, kind="tiles")
+
+
 def test_plan_forcing_and_errors(monkeypatch):
     assert plans.select_plan(3, 1024, 1024, force="prefill").kind == "prefill"
     with pytest.raises(ValueError):
@@ -206,6 +227,39 @@ def test_b_fragment_words_match_the_kernel_formula(rng):
             assert got == want[tok, 16 * kt + 2 * t + 8 * r + h].view(np.uint16)
 
 
+@needs_cutlass
+def test_tiles_stage_and_b_fragment_indices(rng):
+    # The large-tile kernel copies row-major activation words into padded shared-memory rows
+    # (stage_unit) and reads B register r of lane l, token group g, step kk at b_word: that must
+    # be token 8g + l // 4, k pair 2 (l % 4) + 8 r of the step (PTX m16n8k16 B fragment).
+    from exl3_jax.ffi.trellis_tiles import ROW_PAD, TileGemmConfig, b_word, stage_unit
+    cfg = TileGemmConfig("mcg", 4, 1, 1024, 1024, m_tile=64, k_chunk=4).validate()
+    kc = cfg.k_chunk * 16
+    x = rng.integers(0, 2**16, size=(cfg.m_tile, kc)).astype(np.uint16)
+    words = x.view(np.uint32)                                 # [m_tile, kc / 2]
+    smem = np.full(cfg.stage_words, 0xFFFFFFFF, np.uint32)
+    units = np.arange(cfg.copy_units * cfg.threads)
+    row, seg = stage_unit(cfg, units)
+    assert units.size == cfg.m_tile * kc // 8                 # every 16-byte unit once
+    for j in range(4):
+        smem[row * cfg.row_words + seg * 4 + j] = words[row, seg * 4 + j]
+    assert cfg.row_words * 2 == kc + ROW_PAD
+    lanes = np.arange(32)
+    for g in range(cfg.m_groups):
+        for kk in range(cfg.k_chunk):
+            for r in range(2):
+                got = smem[b_word(cfg, g, kk, lanes, r)]
+                want = words[8 * g + lanes // 4, kk * 8 + lanes % 4 + 4 * r]
+                np.testing.assert_array_equal(got, want)
+                # and no two lanes of a load share a bank unless they read the same word
+                banks = b_word(cfg, g, kk, lanes, r) % 32
+                assert len(set(banks)) == 32
+    with pytest.raises(ValueError, match="multiple of 16"):
+        TileGemmConfig("mcg", 4, 1, 1024, 1024, m_tile=40).validate()
+    with pytest.raises(ValueError, match="whole chunks"):
+        TileGemmConfig("mcg", 4, 1, 1024, 1024, splits=32).validate()
+
+
 def test_token_fragment_words_match_the_kernel_formula(rng):
     # One token's layout: word (kt * 4 + t) * 4 + i holds what b_fragment_slot gives register
     # i of lane t (token 0); each lane's 4 registers of a step are contiguous (one LDG.128).
@@ -292,6 +346,17 @@ def emulated_kernels(monkeypatch):
             parts.append(jnp.concatenate(cols, axis=1))
         return jnp.stack(parts).reshape(-1)
 
+    def tiles_partials_words(xw, w, plan, out_init=None):
+        cfg = tg._tiles_config(w, plan)
+        calls.append(("tiles", cfg))
+        xh = jax.lax.bitcast_convert_type(jnp.asarray(xw, jnp.uint32), jnp.float16).reshape(
+            cfg.m_pad, w.k).astype(jnp.float32)
+        wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
+        ks = w.k // cfg.splits
+        parts = [jnp.matmul(xh[:, s * ks:(s + 1) * ks], wh[s * ks:(s + 1) * ks],
+                            precision="highest") for s in range(cfg.splits)]
+        return jnp.stack(parts).reshape(-1)
+
     def dequantize_transposed(w, plan, out_init=None):
         cfg = tg._dequant_config(w, plan)
         calls.append(("prefill", cfg))
@@ -347,6 +412,7 @@ def emulated_kernels(monkeypatch):
                      ("row_linear", row_linear),
                      ("mma_group_partials_words", mma_group_partials_words),
                      ("hadamard_out", hadamard_out),
+                     ("tiles_partials_words", tiles_partials_words),
                      ("dequantize_transposed", dequantize_transposed)):
         monkeypatch.setattr(tg, name, fn)
     return calls
@@ -354,7 +420,8 @@ def emulated_kernels(monkeypatch):
 
 @pytest.mark.parametrize("transforms", ["cute", "xla"])
 @pytest.mark.parametrize("m,kind", [(1, "decode"), (5, "decode"), (32, "decode"),
-                                    (33, "prefill"), (3, "prefill")])
+                                    (33, "prefill"), (3, "prefill"), (70, "tiles"),
+                                    (40, "tiles")])
 @pytest.mark.parametrize("codebook,K", [("mul1", 3.5), ("mcg", 3)])   # packed / split B words
 def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms, codebook, K):
     w = random_weight(rng, 512, 256, K, codebook, bias=True)
@@ -638,6 +705,16 @@ def test_compile_only(arch):
         assert row["custom_call"] and row["calls"] == (1 if one else 3), row
         if one:
             assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_compile_only_tiles_kernels(arch):
+    # The large-token-tile plan (forced): both token tiles, packed pairs of every codebook.
+    cases = [("mcg", 4, 128, "tiles", 1024, 512), ("mul1", 3, 40, "tiles", 512, 1024),
+             ("3inst", 2, 200, "tiles", 512, 256)]
+    for row in check_rows("exl3_jax.ffi.aot", cases, arch):
+        assert row["calls"] == 3 and "_trellis_tiles_kernel" in row["kernels"], row
 
 
 @needs_cutlass

@@ -86,7 +86,7 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
         raise ValueError(f"bad MoE call: tokens={tokens}, top_k={top_k}, experts={experts}")
     if hidden % 128 or inter % 128:
         raise ValueError(f"hidden {hidden} and intermediate {inter} must be multiples of 128")
-    kind = plan_kind(tokens, kind)
+    kind = plan_kind(tokens, kind, kinds=("decode", "prefill"))
     routes = tokens * top_k
     bm = block_m or select_block_m(routes, experts)
     if kind == "decode":

@@ -7,6 +7,8 @@ without a GPU or cutlass.
 Plan kinds:
   * "decode"  (m <= DECODE_MAX_M): the decode+MMA kernel with one CTA token tile covering all m
     rows (m_tile = m rounded up to 8), so every weight tile is decoded exactly once.
+  * "tiles" (forced only, not yet measured): the large-token-tile MMA kernel
+    (ffi/trellis_tiles.py): each weight tile decoded once per 64 or 128 tokens.
   * "prefill" (m > DECODE_MAX_M): the dequantize kernel writes W_hat^T (fp16) and XLA runs the
     GEMM. Chosen over the MMA kernel with more token tiles because that kernel re-decodes the
     weights once per 32 tokens; the crossover is to be re-measured on the H200 (bench/NOTES.md).
@@ -21,12 +23,13 @@ DEFAULT_SMS = 132          # H200
 TILES_PER_CTA = 128        # decode plan: weight tiles per CTA and token group (see decode_plan)
 MIN_CTAS = 256             # decode plan: smallest grid worth splitting K for, on DEFAULT_SMS SMs
 MAX_SPLITS = 16
-PLAN_KINDS = ("decode", "prefill")
+PLAN_KINDS = ("decode", "prefill", "tiles")
+TILES_MAX_SPLITS = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class TrellisPlan:
-    kind: str                  # "decode" | "prefill"
+    kind: str                  # "decode" | "prefill" | "tiles"
     m: int                     # valid rows
     # decode (MMA kernel) parameters
     m_tile: int = 0
@@ -91,12 +94,27 @@ def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPl
     return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
 
 
-def plan_kind(m: int, force: str | None = None) -> str:
-    """``force`` if given (checked against PLAN_KINDS), else "decode" for m <= DECODE_MAX_M rows
-    and "prefill" above; shared by the dense and the MoE plans."""
+def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
+    """Large-token-tile MMA plan (ffi/trellis_tiles.py; any m, meant for 32 < m): token tiles
+    of 64 (m <= 64) or 128, 8 warps of one n16 tile each (128 columns per CTA), chunks of 4 k16
+    steps (``unroll``), and the fewest K-splits (whole chunks, at most TILES_MAX_SPLITS) that
+    give a grid of two CTAs per SM. Not measured yet: only used when forced."""
+    k16, n16 = k // 16, n // 16
+    m_tile = 64 if m <= 64 else 128
+    ctas = (n16 // 8) * -(-m // m_tile)
+    chunk = 4
+    allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % chunk == 0]
+    splits = next((s for s in allowed if ctas * s >= 2 * sms), allowed[-1])
+    return TrellisPlan("tiles", m, m_tile=m_tile, n_tiles=1, warps=8, splits=splits,
+                       unroll=chunk)
+
+
+def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS) -> str:
+    """``force`` if given (checked against ``kinds``), else "decode" for m <= DECODE_MAX_M rows
+    and "prefill" above; shared by the dense and the MoE plans (which have no "tiles")."""
     kind = force or ("decode" if m <= DECODE_MAX_M else "prefill")
-    if kind not in PLAN_KINDS:
-        raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+    if kind not in kinds:
+        raise ValueError(f"unknown plan kind {kind!r}; expected one of {kinds}")
     return kind
 
 
@@ -111,4 +129,6 @@ def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     kind = plan_kind(m, force)
     if kind == "decode":
         return decode_plan(m, k, n, sms=sms)
+    if kind == "tiles":
+        return tiles_plan(m, k, n, sms=sms)
     return prefill_plan(m, k, n, sms=sms)
