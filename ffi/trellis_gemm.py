@@ -31,6 +31,8 @@ Environment:
                                               0: the three calls of the decode plan).
   EXL3_JAX_ONE_TOKEN = 1 | 0                  m = 1 decode kernels read one token's activation
                                               words (trellis_mma.MmaConfig.one_token; default 1).
+  EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
+                                              the tiles plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -59,6 +61,7 @@ TRANSFORMS_ENV = "EXL3_JAX_TRANSFORMS"
 GROUPS_ENV = "EXL3_JAX_GROUPS"
 ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
 ONE_TOKEN_ENV = "EXL3_JAX_ONE_TOKEN"
+TILES_ENV = "EXL3_JAX_TILES"
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,8 +100,14 @@ def device_sms() -> int:
 
 def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPlan:
     force = force or (os.environ.get(PLAN_ENV, "auto") or "auto")
-    return select_plan(m, weight.k, weight.n, sms=device_sms(),
+    plan = select_plan(m, weight.k, weight.n, sms=device_sms(),
                        force=None if force == "auto" else force)
+    tiling = os.environ.get(TILES_ENV)
+    if plan.kind == "tiles" and tiling:
+        from exl3_jax.ops.plans import tiles_plan
+        plan = tiles_plan(m, weight.k, weight.n,
+                          tiling=tuple(int(v) for v in tiling.split(",")))
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------

@@ -196,17 +196,20 @@ def _trellis_tiles_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                  for pair in t for v in pair]
         g2 = geo.groups * 2
         for kk in cutlass.range_constexpr(cfg.k_chunk):
+            # The step's n_tiles tiles decoded first, so each B fragment (shared-memory
+            # traffic: 256 bytes per fragment) serves all of them.
+            a = []
             for j in cutlass.range_constexpr(cfg.n_tiles):
                 t = kk * cfg.n_tiles + j
                 words = [(wreg[t * g2 + 2 * q], wreg[t * g2 + 2 * q + 1])
                          for q in range(geo.groups)]
                 h = decode_words(words, funnels, geo, cfg.codebook)
-                a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
-                for g in cutlass.range_constexpr(cfg.m_groups):
-                    b = [xs[buf * cfg.stage_words + b_word(cfg, g, kk, lane, r)]
-                         for r in range(2)]
+                a.append([h[p[0] // 2] for p in A_OPERAND_PAIRS])
+            for g in cutlass.range_constexpr(cfg.m_groups):
+                b = [xs[buf * cfg.stage_words + b_word(cfg, g, kk, lane, r)] for r in range(2)]
+                for j in cutlass.range_constexpr(cfg.n_tiles):
                     i0 = (g * cfg.n_tiles + j) * 4
-                    d = mma_m16n8k16_f16_f32(a, b, [acc[i0 + r] for r in range(4)])
+                    d = mma_m16n8k16_f16_f32(a[j], b, [acc[i0 + r] for r in range(4)])
                     for r in cutlass.range_constexpr(4):
                         acc[i0 + r] = d[r]
         # Every warp is done with the other buffer (read in the previous chunk, behind the

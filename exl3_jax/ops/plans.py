@@ -94,12 +94,18 @@ def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPl
     return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
 
 
-def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
+def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
+               tiling: tuple | None = None) -> TrellisPlan:
     """Large-token-tile MMA plan (ffi/trellis_tiles.py; any m, meant for 32 < m): token tiles
     of 64 (m <= 64) or 128, 8 warps of one n16 tile each (128 columns per CTA), chunks of 4 k16
     steps (``unroll``), and the fewest K-splits (whole chunks, at most TILES_MAX_SPLITS) that
-    give a grid of two CTAs per SM. Not measured yet: only used when forced."""
+    give a grid of two CTAs per SM. Not measured yet: only used when forced. ``tiling``:
+    (m_tile, n_tiles, warps, splits, chunk) instead (a tuning aid)."""
     k16, n16 = k // 16, n // 16
+    if tiling:
+        m_tile, n_tiles, warps, splits, chunk = tiling
+        return TrellisPlan("tiles", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps,
+                           splits=splits, unroll=chunk)
     m_tile = 64 if m <= 64 else 128
     ctas = (n16 // 8) * -(-m // m_tile)
     chunk = 4
