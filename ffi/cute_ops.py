@@ -158,9 +158,9 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False):
     ``load_tile_words``.
 
     Where the shifts depend on the lane, each state is one 64-bit funnel shift (SHF.R.U64) and
-    a 16-bit mask (both ALU); with ``fma_pipe``, where every lane's states lie at bit 16 or
-    above (LaneGeometry.top_windows: K = 1, 2), the funnel puts the state in its top 16 bits
-    and a high multiply takes them (ALU + FMA). Where the shifts are the same for every lane
+    a 16-bit mask (both ALU); with ``fma_pipe``, for the states that lie at bit 16 or above in
+    every lane (LaneGeometry.top_states: all 8 at K = 1, 2; 2 of 8 at K = 3), the funnel puts
+    the state in its top 16 bits and a high multiply takes them (ALU + FMA). Where the shifts are the same for every lane
     (K = 4, 8) each state is one instruction on a shared 32-bit base word
     (``LaneGeometry.extraction``); with ``fma_pipe`` its 16-bit shifts are high multiplies and
     a mask whose base word also yields a shifted state is folded into the codebook multiply
@@ -173,8 +173,8 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False):
         plan = geo.extraction(gi)
         if plan is None:          # the shift depends on the lane: one funnel per state
             sh0 = funnels[gi][2]
-            for off in geo.offsets:
-                if fma_pipe and geo.top_windows[gi]:
+            for q, off in enumerate(geo.offsets):
+                if fma_pipe and q < geo.top_states[gi]:
                     states.append(high_half(Uint32(merged >> Uint64(sh0 - 16 - off))))
                 else:
                     states.append(Uint32(merged >> Uint64(sh0 - off)) & Uint32(0xFFFF))

@@ -41,7 +41,7 @@ class LaneGeometry:
     group_base: tuple     # S(gi * group) for gi in groups, i.e. S(t_first) at lane 0
     offsets: tuple        # S(t_first + q) - S(t_first), q < group (same for every group)
     const_shift0: tuple = ()  # per group: sh0 when it is the same for every lane, else None
-    top_windows: tuple = ()   # per group: every lane's lowest state has sh >= 16 (top_window)
+    top_states: tuple = ()    # per group: its first states whose shift is >= 16 in every lane
 
     @property
     def groups(self) -> int:
@@ -109,9 +109,9 @@ def lane_geometry(K) -> LaneGeometry:
     const, top = [], []
     for gi in range(geo.groups):
         sh0s = {lane_funnel(geo, lane, gi)[2] for lane in range(LANES)}
-        top.append(min(sh0s) - offsets[-1] >= 16)
+        top.append(sum(min(sh0s) - off >= 16 for off in offsets))
         const.append(sh0s.pop() if len(sh0s) == 1 else None)
-    return dataclasses.replace(geo, const_shift0=tuple(const), top_windows=tuple(top))
+    return dataclasses.replace(geo, const_shift0=tuple(const), top_states=tuple(top))
 
 
 def _check_lane_invariance(geo: LaneGeometry) -> None:
@@ -143,7 +143,7 @@ def lane_funnel(geo: LaneGeometry, lane, gi):
 def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False) -> np.ndarray:
     """Run the kernel's extraction on tiles' uint32 words U [..., words] -> states [..., 256]
     in sequence order (t = 8 lane + j); ``fma_pipe``: cute_ops.lane_states's top windows
-    where the geometry allows them (LaneGeometry.top_windows). Host-side oracle for the
+    where the geometry allows them (LaneGeometry.top_states). Host-side oracle for the
     geometry."""
     geo = lane_geometry(K)
     U = np.asarray(U, dtype=np.uint64)
@@ -155,7 +155,7 @@ def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False) -> np.ndarray:
             plan = geo.extraction(gi)
             for q in range(geo.group):
                 t = CODES_PER_LANE * lane + gi * geo.group + q
-                if plan is None and fma_pipe and geo.top_windows[gi]:   # the state on top
+                if plan is None and fma_pipe and q < geo.top_states[gi]:   # state on top
                     r = (merged >> np.uint64(sh0 - 16 - geo.offsets[q])) & np.uint64(0xFFFFFFFF)
                     out[..., t] = (r >> np.uint64(16)).astype(np.uint32)
                 elif plan is None:       # lane-dependent shift: 64-bit funnel + mask
