@@ -12,12 +12,13 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
+import numpy as np
 from cutlass import Float32, Int64, Uint32, Uint64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from exl3_jax.format.spec import MCG_MULTIPLIER, MUL1_MULTIPLIER
-from exl3_jax.trellis.codebook import THREEINST_ADDEND, THREEINST_MULTIPLIER
+from exl3_jax.trellis.codebook import MUL1_CENTER, THREEINST_ADDEND, THREEINST_MULTIPLIER
 
 from .trellis_geometry import LaneGeometry, lane_funnel
 
@@ -98,18 +99,29 @@ def decode_pair(state_a, state_b, codebook: str, *, loc=None, ip=None) -> Uint32
 # against a B word that holds the activation in both halves: lo*x + hi*x = (lo + hi)*x, exact
 # in the fp32 accumulator (both summands' exponents lie in 0b011xx, so lo + hi needs at most
 # 15 bits). No HADD2: the weight is never rounded to fp16 (its fp16 rounding is decode_states).
+# mul1 splits into an integer the MMA multiplies and an affine map the kernel applies to its
+# sums (MUL1_CENTER): the dp4a's accumulator puts fp16 1024 + bytesum in the low half (0x6400 +
+# sum, no carry: sum <= 1020) and fp16 -MUL1_CENTER in the high half, so against (x, x) the MMA
+# adds (h - 1534) * x, exact in fp32; the kernel adds MUL1_RESIDUAL * sum(x) and scales by
+# k_inv (mul1_affine). No PRMT, no HFMA2: IMAD + IDP4A per weight.
 # The codebooks whose decode is a multiply and a lop3: ALU-bound (mul1's dp4a loads the FMA
-# pipe), so they run split pairs and extract states on the FMA pipe where it can.
+# pipe), so they extract states on the FMA pipe where it can.
 LOP3_CODEBOOKS = ("mcg", "3inst")
+_MUL1_HALVES_INIT = (int(np.float16(-MUL1_CENTER).view(np.uint16)) << 16) | 0x6400
 
 
 @dsl_user_op
 def decode_halves(state, codebook: str, *, loc=None, ip=None) -> Uint32:
-    """The two fp16 summands (lo16, hi16) of the codebook value of one state (3inst / mcg) as
-    one f16x2 word: an A register whose MMA against a B word (x, x) adds (lo + hi) * x."""
+    """One state as one f16x2 A register against a B word (x, x): for 3inst / mcg the two fp16
+    summands (lo16, hi16) of its codebook value (the MMA adds (lo + hi) * x); for mul1
+    (1024 + bytesum, -MUL1_CENTER) (the MMA adds the integer h - 1534 times x)."""
     values, (names,) = _state_operands([state], loc, ip)
-    body = ("{\n.reg .b32 x;\n" + _product(codebook, "x", names) + _LOP3.format("x")
-            + "    mov.b32 $0, x;\n}")
+    body = "{\n.reg .b32 x, ones;\n" + _product(codebook, "x", names)
+    if codebook == "mul1":
+        body += ("    mov.b32 ones, 0x01010101;\n"
+                 f"    dp4a.u32.u32 $0, x, ones, {_MUL1_HALVES_INIT};\n}}")
+    else:
+        body += _LOP3.format("x") + "    mov.b32 $0, x;\n}"
     return _asm_u32(values, body, loc, ip)
 
 
@@ -205,9 +217,10 @@ def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
 
 
 def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
-    """This lane's 8 weights of one tile, one f16x2 register each (element order): the two
-    summands of each weight (``decode_halves``)."""
-    return [decode_halves(s, codebook) for s in lane_states(words, funnels, geo, True)]
+    """This lane's 8 weights of one tile, one f16x2 register each (element order,
+    ``decode_halves``)."""
+    states = lane_states(words, funnels, geo, codebook in LOP3_CODEBOOKS)
+    return [decode_halves(s, codebook) for s in states]
 
 
 @dsl_user_op

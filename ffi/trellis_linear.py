@@ -48,7 +48,8 @@ from .hadamard import THREADS as OUT_THREADS
 from .trellis_geometry import lane_geometry
 from .trellis_mma import (MmaTiling, check_group_members, fold_warp_partials,
                           fragments_of_words, launch_bounds, load_chunk_weights,
-                          load_chunk_x_words, member_tile_ranges, mma_chunk, zero_accumulators)
+                          load_chunk_x_words, member_tile_ranges, mma_chunk, mul1_affine,
+                          mul1_sums, zero_accumulators)
 
 MAX_SPLITS = 32          # the output transform sums this many partials per element at most
 # Larger linears keep the three calls: their decode kernel outweighs the saved launch, and the
@@ -76,6 +77,7 @@ class RowGemmConfig(MmaTiling):
     min_ctas: int = 0
 
     m_tile = 8
+    mul1_split = True       # _member_row_gemm applies mul1_affine
 
     @property
     def warps(self) -> int:
@@ -185,11 +187,13 @@ def _member_row_gemm(x, suh, tw, xs, acc, tl0, n16: cutlass.Constexpr, k0, wk, l
     # fp16 pairs (row order). base folds in the range's first step.
     xsrc = cute.recast_tensor(xs, Uint32)
     base = lane % 4 - k0 * (16 if cfg.split_pairs else 8)
+    xsum = mul1_sums(cfg)
     for c0 in cutlass.range(k0 + wk * cfg.unroll, k0 + cfg.k_per_split,
                             cfg.warps_k * cfg.unroll):
         wbuf = load_chunk_weights(tw, c0, tl0, funnels, geo, cfg, n16)
         bfrag = fragments_of_words(load_chunk_x_words(xsrc, c0, base, cfg, lanes=4), cfg)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+    mul1_affine(acc, xsum, cfg)
     return s
 
 

@@ -57,6 +57,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Uint32
 
+from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
+
 from .cute_ops import (LOP3_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
                        half_in_both, lane_funnels, load_tile_words, load_words_v4,
                        mma_m16n8k16_f16_f32)
@@ -114,15 +116,20 @@ class MmaTiling:
     def threads(self) -> int:
         return 32 * self.warps
 
+    # mul1 split pairs need the affine epilogue (mul1_affine) that only the dense kernels apply.
+    mul1_split = False
+
     @property
     def split_pairs(self) -> bool:
-        """3inst / mcg with one token group: one weight per A register and two MMAs per tile.
-        That trades the PRMT per weight of packing (ALU pipe, the bottleneck there) for a
-        second MMA (the tensor pipe is mostly idle): -8% (K3) and -10% (K4) at 8192x28672 m=1
-        on the H200, with a HADD2 per weight that the MMA now does (decode_halves). With 2+ token groups the doubled MMAs and
-        registers cost more than that (+20% at m=16), and mul1's dp4a decode already loads the
-        FMA pipe, so both keep packed pairs (bench/NOTES.md)."""
-        return self.codebook in LOP3_CODEBOOKS and self.m_groups == 1
+        """One token group: one weight per A register (cute_ops.decode_halves) and two MMAs per
+        tile. For 3inst / mcg that trades the PRMT per weight of packing (ALU pipe, the
+        bottleneck there) for a second MMA (the tensor pipe is mostly idle): -8% (K3) and -10%
+        (K4) at 8192x28672 m=1 on the H200, with a HADD2 per weight that the MMA now does. mul1
+        (where ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine
+        epilogue. With 2+ token groups the doubled MMAs and registers cost more than that
+        (+20% at m=16), so those keep packed pairs (bench/NOTES.md)."""
+        split = self.codebook in LOP3_CODEBOOKS or (self.codebook == "mul1" and self.mul1_split)
+        return split and self.m_groups == 1
 
     @property
     def x_layout(self) -> str:
@@ -158,6 +165,7 @@ class MmaTiling:
 @dataclasses.dataclass(frozen=True)
 class MmaConfig(MmaTiling):
     """Every compile-time parameter of one Trellis GEMM instance."""
+    mul1_split = True      # dense_k_loop applies mul1_affine (a class attribute, not a field)
     codebook: str
     K: float
     m_blocks: int          # CTA token tiles (grid z); m_pad = m_blocks * m_tile
@@ -173,10 +181,10 @@ class MmaConfig(MmaTiling):
     # n. Member i's columns come from its own trellis tensor and read x rotated by its own suh
     # (activation row segment i); () for one linear.
     members: tuple = ()
-    # m = 1: the padding tokens' lanes read token 0's activation words (x_base_word), so a warp's
-    # B load touches one token's bytes instead of 8 rows' (8x less L1/L2 traffic; split pairs
-    # also read one 16-byte word per lane and k16 step: layout "token"). The padding rows of
-    # the partials are then copies of row 0, which nothing reads.
+    # m = 1: the padding tokens' lanes read token 0's activation words (x_base_word, layout
+    # "token": one 16-byte word per lane and k16 step), so a warp's B load touches one token's
+    # bytes instead of 8 rows' (8x less L1/L2 traffic). The padding rows of the partials are
+    # then copies of row 0, which nothing reads.
     one_token: bool = False
 
     @property
@@ -199,8 +207,9 @@ class MmaConfig(MmaTiling):
     def validate(self) -> "MmaConfig":
         if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
             raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
-        if self.one_token and self.m_pad != 8:
-            raise ValueError(f"one_token needs one token tile of 8 rows, got m_pad={self.m_pad}")
+        if self.one_token and (self.m_pad != 8 or not self.split_pairs):
+            raise ValueError(f"one_token needs one token tile of 8 rows (split pairs), got "
+                             f"m_pad={self.m_pad}")
         self.check_tiling()
         if self.members:
             check_group_members(self.members, self.n)
@@ -329,12 +338,20 @@ def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32):
     return words
 
 
-def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
+def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum=None):
     """Decode the chunk's tiles and accumulate acc[(g * n_tiles + j) * 4 + r] += W^T x: one
     m16n8k16 MMA per tile and token group with weights packed two per register, or two MMAs
-    with ``cfg.split_pairs`` (even-k weights, then odd-k weights, each weight's two fp16
-    summands in its register against B words holding each activation in both halves)."""
+    with ``cfg.split_pairs`` (even-k weights, then odd-k weights, each weight's register
+    against B words holding each activation in both halves). xsum (mul1 split pairs, one
+    token group): also accumulate the sums of x, one MMA per k16 step of the B words as the
+    A operand against B = ones (see mul1_affine)."""
     for u in range(cfg.unroll):
+        if xsum is not None:
+            (b0, b1), (b2, b3) = bfrag[u]
+            c = mma_m16n8k16_f16_f32([b0, b1, b2, b3], [Uint32(0x3C003C00)] * 2,
+                                     [xsum[r] for r in range(4)])
+            for r in range(4):
+                xsum[r] = c[r]
         for j in range(cfg.n_tiles):
             words = wbuf[u * cfg.n_tiles + j]
             if cfg.split_pairs:
@@ -350,6 +367,35 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg):
                     c = mma_m16n8k16_f16_f32(a, b, c)
                 for r in range(4):
                     acc[i0 + r] = c[r]
+
+
+def mul1_sums(cfg):
+    """mma_chunk's xsum: 4 fp32 zeros where the kernel runs mul1 split pairs, else None."""
+    if not (cfg.codebook == "mul1" and cfg.split_pairs):
+        return None
+    xsum = cute.make_rmem_tensor((4,), Float32)
+    for i in range(4):
+        xsum[i] = Float32(0.0)
+    return xsum
+
+
+def mul1_affine(acc, xsum, cfg):
+    """The mul1 split-pair epilogue (one token group; nothing where xsum is None): acc holds
+    sum (h - MUL1_CENTER) * x (cute_ops.decode_halves) -> k_inv * acc + MUL1_RESIDUAL * sum(x),
+    the codebook values' product, in place (before any fold: it is linear). xsum is mma_chunk's
+    D fragment of the x words (as A) times ones: token tau's sum, twice, split over rows tau
+    and tau + 8, so lane 4 tau + t holds it as xsum[0] + xsum[2]; acc's columns 2t, 2t + 1
+    (lane 4g + t) take it from lanes 8t and 8t + 4 (one token: every lane holds token 0's).
+    Plain Python inlined at trace time."""
+    if xsum is None:
+        return
+    own = (xsum[0] + xsum[2]) * Float32(0.5 * float(MUL1_RESIDUAL))
+    sums = [own, own]
+    if cfg.x_layout != "token":
+        lane = cute.arch.lane_idx()
+        sums = [cute.arch.shuffle_sync(own, offset=8 * (lane % 4) + 4 * h) for h in (0, 1)]
+    for i in range(cfg.acc_regs):
+        acc[i] = acc[i] * Float32(float(MUL1_K_INV)) + sums[i % 2]
 
 
 def zero_accumulators(cfg):
@@ -407,14 +453,12 @@ def launch_bounds(min_ctas: int) -> dict:
 def x_base_word(m0, kt0, lane, cfg):
     """The lane's first activation word (load_chunk) for the CTA's token tile m0 and the row
     segment starting at k16 step kt0: B-fragment order, one token's fragments (lane % 4's) or
-    row-major fp16 pairs (token m0 + 8g + lane//4, or token 0 with ``one_token``; k pairs
-    (lane%4) and (lane%4 + 4))."""
+    row-major fp16 pairs (token m0 + 8g + lane//4; k pairs (lane%4) and (lane%4 + 4))."""
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
         return b_fragment_word(m0 // 8, kt0, 0, lane, cfg.x_k16)
-    token = 0 if cfg.one_token else m0 + lane // 4
-    return token * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
+    return (m0 + lane // 4) * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
 
 
 @cute.jit
@@ -427,9 +471,11 @@ def dense_k_loop(xw, tw, tile0, x_base, k0, warp, acc, funnels: list, cfg: cutla
     bench/NOTES.md.)"""
     geo = lane_geometry(cfg.K)
     step = cfg.warps * cfg.unroll
+    xsum = mul1_sums(cfg)
     for c0 in cutlass.range(k0 + warp * cfg.unroll, k0 + cfg.k_per_split, step):
         wbuf, bfrag = load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+    mul1_affine(acc, xsum, cfg)
 
 
 @cute.jit

@@ -277,6 +277,69 @@ def test_token_fragment_words_match_the_kernel_formula(rng):
         assert words[(kt * 4 + lane) * 4 + i] == full[b_fragment_word(G, kt, i, lane, k // 16)]
 
 
+def mma_m16n8k16(a_words, b_words):
+    """NumPy model of mma.sync m16n8k16 (f16 inputs, f32 accumulate) on per-lane fragments:
+    a_words uint32 [32, 4], b_words uint32 [32, 2] -> d float64 [32, 4] (PTX fragment
+    layouts; g = lane // 4, t = lane % 4)."""
+    def halves(w):
+        w = np.asarray(w, np.uint32)
+        lo = (w & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+        hi = (w >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+        return lo, hi
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8),
+                                        (g + 8, 2 * t + 8))):
+            A[row, col], A[row, col + 1] = (v[lane] for v in halves(a_words[:, i]))
+        for i, k0 in enumerate((2 * t, 2 * t + 8)):
+            B[k0, g], B[k0 + 1, g] = (v[lane] for v in halves(b_words[:, i]))
+    D = A @ B
+    lanes = np.arange(32)
+    g, t = lanes // 4, lanes % 4
+    return np.stack([D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]], 1)
+
+
+def test_mul1_split_sums_of_x(rng):
+    # mma_chunk's xsum for mul1 split pairs: one k16 step's B-fragment words of 8 tokens taken
+    # as the A operand against B = fp16 ones; mul1_affine reads token tau's sum as d0 + d2 of
+    # lane 4 tau + t (any t) and gives column 2t + h (lane 4g + t) the value of lane 8t + 4h.
+    k = 32
+    xh = rng.standard_normal((8, k)).astype(np.float16)
+    words = np.asarray(tg.b_fragment_words(jnp.asarray(xh), 8))
+    for kt in range(k // 16):
+        a = np.stack([[words[b_fragment_word(0, kt, i, lane, k // 16)] for i in range(4)]
+                      for lane in range(32)])
+        d = mma_m16n8k16(a, np.full((32, 2), 0x3C003C00, np.uint32))
+        own = (d[:, 0] + d[:, 2]) / 2
+        sums = xh[:, 16 * kt:16 * kt + 16].astype(np.float64).sum(1)
+        np.testing.assert_allclose(own, sums[np.arange(32) // 4], rtol=1e-12)
+        lanes = np.arange(32)
+        for h in (0, 1):
+            np.testing.assert_allclose(own[8 * (lanes % 4) + 4 * h], sums[2 * (lanes % 4) + h],
+                                       rtol=1e-12)
+    # The split-pair weight MMA itself: A registers (lo, hi) of one weight each against these
+    # B words gives (lo + hi) * x, one column per token (even-k MMA: registers 0, 1).
+    lo_hi = rng.standard_normal((32, 4, 2)).astype(np.float16)
+    a = (lo_hi[..., 0].view(np.uint16).astype(np.uint32)
+         | (lo_hi[..., 1].view(np.uint16).astype(np.uint32) << 16))
+    b = np.stack([[words[b_fragment_word(0, 0, i, lane, k // 16)] for i in (0, 1)]
+                  for lane in range(32)])
+    d = mma_m16n8k16(a, b)
+    w = lo_hi.astype(np.float64).sum(-1)                      # [lane, reg]
+    W = np.zeros((16, 16))
+    for lane in range(32):                                   # even k rows 2t (reg 0, 2 / cols)
+        g, t = divmod(lane, 4)
+        for i, (row, kk) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8),
+                                       (g + 8, 2 * t + 8))):
+            W[row, kk] = w[lane, i]
+    want = W[:, 0::2] @ xh[:, 0:16:2].astype(np.float64).T   # [16 rows, 8 tokens]
+    lanes = np.arange(32)
+    g, t = lanes // 4, lanes % 4
+    np.testing.assert_allclose(d[:, 0], want[g, 2 * t], rtol=1e-12)
+    np.testing.assert_allclose(d[:, 3], want[g + 8, 2 * t + 1], rtol=1e-12)
+
+
 @needs_cutlass
 def test_hadamard_input_layout_is_checked():
     from exl3_jax.ffi.hadamard import HadamardConfig
@@ -519,10 +582,9 @@ def test_linear_group_matches_its_members(rng, emulated_kernels, m, codebook, K,
         assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
 
 
-@pytest.mark.parametrize("codebook,K,layout", [("mcg", 4, "token"), ("mul1", 3, "rows")])
+@pytest.mark.parametrize("codebook,K", [("mcg", 4), ("mul1", 3)])
 @pytest.mark.parametrize("members", [(), (256, 128, 128)])
-def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, layout,
-                               members):
+def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, members):
     # m = 1 through the three calls (no row linear): the one-token activation words, and the
     # kernel's padding token rows (copies of row 0 there) never reach the result.
     from exl3_jax.ops import trellis_matmul_group
@@ -533,7 +595,7 @@ def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, 
     ys = (trellis_matmul_group(x, ws, backend="gpu") if members
           else [tg.trellis_matmul_gpu(x, ws[0])])
     cfg = emulated_kernels[-1][1]
-    assert cfg.one_token and cfg.x_layout == layout and cfg.m_pad == 8
+    assert cfg.one_token and cfg.x_layout == "token" and cfg.m_pad == 8
     for y, w in zip(ys, ws):
         ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
         assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
@@ -721,10 +783,12 @@ def test_compile_only_tiles_kernels(arch):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only_one_token_decode_kernels(arch, monkeypatch):
     # m = 1 through the three calls (what linears past the row linear's size gate run): the
-    # one-token layouts ("token" 16-byte loads with split pairs; rows read as token 0 packed).
+    # one-token layout ("token" 16-byte loads, split pairs; mul1 with its affine epilogue), and
+    # mul1 split pairs over several tokens (B-fragment order, the epilogue's shuffles).
     monkeypatch.setenv(tg.ROW_LINEAR_ENV, "0")
     cases = [("mcg", 4, 1, "decode", 1024, 512), ("mul1", 3, 1, "decode", 512, 512),
-             ("3inst", 2, 1, "decode", 512, 512, (256, 128, 128))]
+             ("3inst", 2, 1, "decode", 512, 512, (256, 128, 128)),
+             ("mul1", 2.5, 5, "decode", 512, 512)]
     for row in check_rows("exl3_jax.ffi.aot", cases, arch):
         assert row["calls"] == 3 and row["kernels"][0] == "_hadamard_in_kernel", row
 

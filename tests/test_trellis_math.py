@@ -112,6 +112,23 @@ def test_unrounded_values_round_to_the_weights(codebook, rng):
         np.asarray(decode_trellis(trellis, codebook)))
 
 
+def test_mul1_affine_split_is_exact():
+    # The mul1 split-pair kernels multiply the integer h - MUL1_CENTER (h = 1024 + bytesum, the
+    # dp4a's fp16 low half; -MUL1_CENTER its fp16 high half) and add MUL1_RESIDUAL * sum(x):
+    # for every h, k_inv * (h - 1534) + residual equals k_inv * h + k_bias exactly in fp32, and
+    # -MUL1_CENTER is an fp16 integer.
+    from exl3_jax.trellis.codebook import MUL1_CENTER, MUL1_K_BIAS, MUL1_K_INV, MUL1_RESIDUAL
+    assert float(np.float16(-MUL1_CENTER)) == -MUL1_CENTER
+    h = np.arange(1024, 1024 + 4 * 255 + 1, dtype=np.float32)
+    kinv, kbias = np.float32(MUL1_K_INV), np.float32(MUL1_K_BIAS)
+    split = kinv * (h - np.float32(MUL1_CENTER)) + MUL1_RESIDUAL
+    direct = h * kinv + kbias
+    np.testing.assert_array_equal(split, direct)
+    np.testing.assert_array_equal(split.astype(np.float64),
+                                  h.astype(np.float64) * float(kinv) + float(kbias))
+    assert abs(float(MUL1_RESIDUAL)) < 0.002 and np.abs(h - MUL1_CENTER).max() <= 510
+
+
 def test_half_rate_needs_mul1(rng):
     trellis = rng.integers(-32768, 32768, (8, 8, 40), dtype=np.int16)
     with pytest.raises(ValueError, match="mul1"):

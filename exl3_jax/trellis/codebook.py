@@ -18,6 +18,12 @@ LOP3_AND = 0x8FFF8FFF          # forces each fp16 half's exponent into 0b011xx
 LOP3_XOR = 0x3B603B60
 MUL1_K_INV = np.float16(np.uint16(0x1EEE).view(np.float16))     # 1774 * 2^-18
 MUL1_K_BIAS = np.float16(np.uint16(0xC931).view(np.float16))    # -1329 * 2^-7
+# mul1 as an affine map of an integer: value = k_inv * (h - MUL1_CENTER) + MUL1_RESIDUAL with
+# h = 1024 + bytesum (fp16 0x6400 + bytesum); MUL1_CENTER is the integer nearest -k_bias / k_inv
+# (fp16-exact), so h - MUL1_CENTER lies in [-510, 510] and the residual is small, exact in fp32:
+# k_bias + 1534 * k_inv = -476 * 2^-18. The GPU split-pair kernels multiply h - MUL1_CENTER.
+MUL1_CENTER = 1534
+MUL1_RESIDUAL = np.float32(-476 * 2.0**-18)
 
 
 def check_codebook(codebook: str) -> str:
