@@ -94,20 +94,20 @@ def decode_pair(state_a, state_b, codebook: str, *, loc=None, ip=None) -> Uint32
     return _asm_u32(values, body, loc, ip)
 
 
-# One state -> one weight, unpacked (split pairs): for 3inst / mcg the register is left as the
-# lop3 made it, the codebook value's two fp16 summands (lo16, hi16), and the MMA does the sum
-# against a B word that holds the activation in both halves: lo*x + hi*x = (lo + hi)*x, exact
-# in the fp32 accumulator (both summands' exponents lie in 0b011xx, so lo + hi needs at most
-# 15 bits). No HADD2: the weight is never rounded to fp16 (its fp16 rounding is decode_states).
-# mul1 splits into an integer the MMA multiplies and an affine map the kernel applies to its
-# sums (MUL1_CENTER): the dp4a's accumulator puts fp16 1024 + bytesum in the low half (0x6400 +
-# sum, no carry: sum <= 1020) and fp16 -MUL1_CENTER in the high half, so against (x, x) the MMA
-# adds (h - 1534) * x, exact in fp32; the kernel adds MUL1_RESIDUAL * sum(x) and scales by
-# k_inv (mul1_affine). No PRMT, no HFMA2: IMAD + IDP4A per weight.
-# The codebooks whose decode is a multiply and a lop3: ALU-bound (mul1's dp4a loads the FMA
-# pipe), so they extract states on the FMA pipe where it can.
-LOP3_CODEBOOKS = ("mcg", "3inst")
+# One state -> one weight, unpacked (split pairs), the MMA doing the codebook's last step against
+# a B word that holds the activation in both halves:
+#  * 3inst / mcg: the register is left as the lop3 made it, the value's two fp16 summands
+#    (lo16, hi16); lo*x + hi*x = (lo + hi)*x is exact in the fp32 accumulator (both exponents
+#    lie in 0b011xx, so lo + hi needs at most 15 bits). No HADD2: the weight is never rounded
+#    to fp16 (its fp16 rounding is decode_states').
+#  * mul1: the dp4a's accumulator puts fp16 1024 + bytesum in the low half (0x6400 + sum, no
+#    carry: sum <= 1020) and fp16 -MUL1_CENTER in the high half, so the MMA adds the integer
+#    (h - 1534) * x, exact; the kernel adds MUL1_RESIDUAL * sum(x) and scales by k_inv
+#    (trellis_mma.mul1_affine). No PRMT, no HFMA2: IMAD + IDP4A per weight.
 _MUL1_HALVES_INIT = (int(np.float16(-MUL1_CENTER).view(np.uint16)) << 16) | 0x6400
+# The codebooks whose decode is a multiply and a lop3: ALU-bound (mul1's dp4a loads the FMA
+# pipe), so they extract states on the FMA pipe where they can (lane_states).
+LOP3_CODEBOOKS = ("mcg", "3inst")
 
 
 @dsl_user_op
@@ -172,12 +172,12 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False):
     Where the shifts depend on the lane, each state is one 64-bit funnel shift (SHF.R.U64) and
     a 16-bit mask (both ALU); with ``fma_pipe``, for the states that lie at bit 16 or above in
     every lane (LaneGeometry.top_states: all 8 at K = 1, 2; 2 of 8 at K = 3), the funnel puts
-    the state in its top 16 bits and a high multiply takes them (ALU + FMA). Where the shifts are the same for every lane
-    (K = 4, 8) each state is one instruction on a shared 32-bit base word
-    (``LaneGeometry.extraction``); with ``fma_pipe`` its 16-bit shifts are high multiplies and
-    a mask whose base word also yields a shifted state is folded into the codebook multiply
-    (FoldedState). fma_pipe serves the ALU-bound decodes (LOP3_CODEBOOKS): it trades ALU
-    operations for FMA-pipe ones, one for one."""
+    the state in its top 16 bits and a high multiply takes them (ALU + FMA). Where the shifts
+    are the same for every lane (K = 4, 8) each state is one instruction on a shared 32-bit
+    base word (``LaneGeometry.extraction``); with ``fma_pipe`` its 16-bit shifts are high
+    multiplies and a mask whose base word also yields a shifted state is folded into the
+    codebook multiply (FoldedState). fma_pipe serves the ALU-bound decodes (LOP3_CODEBOOKS):
+    it trades ALU operations for FMA-pipe ones, one for one."""
     states = []
     for gi in range(geo.groups):
         hi, lo = words[gi]

@@ -20,7 +20,8 @@ Why this shape of kernel:
     codebook value's two fp16 summands as the lop3 leaves them (cute_ops.decode_halves) and the
     B word holds the activation in both halves, so the MMA adds lo*x + hi*x: no PRMT to pack
     two weights (4.1 -> 3.1 ALU ops per weight at K3) and no HADD2 to sum the halves, for a
-    second MMA per tile.
+    second MMA per tile. mul1 runs split pairs too (the MMA multiplies an integer, and
+    mul1_affine finishes the codebook's affine map), which drops its PRMT and HFMA2.
     Those B words come in B-fragment order from the input transform, so each B register is one
     128-byte load per warp; row-major B costs 8 L1 wavefronts per load (8 token rows).
   * No shared-memory staging of weights: each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8)

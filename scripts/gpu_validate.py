@@ -8,12 +8,12 @@ Sections (each recorded even if another fails):
   decode_exact: the kernels' decoded weights bit-exact vs exl3_jax.trellis.decode_trellis, every
     codebook x rate: the dequantize kernel's W_hat^T compared bitwise, and the decode+MMA kernel
     fed one-hot fp16 rows with the rotations off (e_i @ W_hat = W_hat[i] exactly in fp32), 32
-    rows per call and one (the m = 1 plan; with split pairs each weight is the unrounded fp32
-    sum of its two fp16 halves, decode_trellis(unrounded=True)).
+    rows per call and one (the m = 1 plan: split pairs, whose MMA takes each weight unrounded,
+    decode_trellis(unrounded=True)).
   gemm: relative L2 error vs the fp32 reference (linear_reference) for every codebook x rate and
     m in {1, 2, 3, 7, 8, 16, 31, 32, 33, 128, 1000, 4096}, with the auto plan and, for m <= 32,
-    also the prefill plan (m > 32: also the large-token-tile plan); kernel outputs are NaN-poisoned (aliased output buffers) so an
-    unwritten element shows up as NaN.
+    also the prefill plan (m > 32: also the large-token-tile plan); kernel outputs are
+    NaN-poisoned (aliased output buffers) so an unwritten element shows up as NaN.
   group (--group): linear groups (members (n, n/4, n/4) and (n, n), sharing x, one launch of
     each kernel) vs each member's fp32 reference, NaN-poisoned partials and the production
     dispatch (ops.trellis_matmul_group), m in {1, 3, 16, 32}.
