@@ -77,7 +77,8 @@ from .hadamard import (WARPS, HadamardConfig, abs_max, cta_max, power_of_two_inv
 from .trellis_geometry import lane_geometry, supported_rates
 from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_partials,
                           load_chunk, load_chunk_weights, load_chunk_x_words, mma_chunk,
-                          store_chunk, summed_fragment, zero_accumulators)
+                          mul1_affine, mul1_sums, store_chunk, summed_fragment,
+                          zero_accumulators)
 
 PLAN_ENV = "EXL3_JAX_MOE_PLAN"
 FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
@@ -118,6 +119,7 @@ class GroupedMmaConfig(MmaTiling):
     top_k: int = 0
 
     x_layout = "rows"        # xw row-major fp16 pairs (the route-packed rows)
+    mul1_split = True        # the k loops apply trellis_mma.mul1_affine
 
     @property
     def m_tile(self) -> int:
@@ -228,14 +230,16 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             first_keep = first_keep & row_keep
         store_chunk(wreg, xreg, wfirst,
                     load_chunk_x_words(xsrc, c_safe, x_base, cfg, keep=first_keep))
+        xsum = mul1_sums(cfg)
         for c0 in cutlass.range(c_first + chunk, k_end, chunk):
             wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
             xnext = load_chunk_x_words(xsrc, c0, x_base, cfg, keep=row_keep)
             wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
-            mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+            mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
             store_chunk(wreg, xreg, wnext, xnext)
         wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+        mul1_affine(acc, xsum, cfg)
     else:
         tier = Int32(etier[e_safe])
         slot = Int32(eslot[e_safe])
@@ -249,10 +253,12 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
                 geo_t = lane_geometry(tc.K)
                 funnels_t = lane_funnels(geo_t, lane)
                 tile0 = (plane * tc.experts + slot) * tile_stride + tn0
+                xsum = mul1_sums(tc)
                 for c0 in cutlass.range(k0 + warp * cfg.unroll, k_end, chunk):
                     wbuf, bfrag = load_chunk(xw, tws[i], c0, tile0, x_row_base, funnels_t,
                                              geo_t, tc)
-                    mma_chunk(wbuf, bfrag, acc, funnels_t, geo_t, tc)
+                    mma_chunk(wbuf, bfrag, acc, funnels_t, geo_t, tc, xsum)
+                mul1_affine(acc, xsum, tc)
 
     red = fold_warp_partials(acc, warp, lane, cfg)
     out_row0 = (by * cfg.planes + plane) * cfg.rows + row0
