@@ -251,8 +251,8 @@ def store_rotated(vals: list, blocks: list, inv, lane, dst, base,
     """rotated_fp16 of each real block of ``blocks`` (row_blocks; vals as rotation_inputs
     returns them) into ``dst``: column c (this lane's 4 of each block) at base + c, or with
     ``fragments`` in both halves of uint32 word row_fragment_slot(c) (fp16 elements base +
-    2 * slot and + 1; trellis_geometry). The store shared by the
-    MoE glue, FC1's prologue and the row linear."""
+    2 * slot and + 1; trellis_geometry). The store shared by the MoE glue, FC1's prologue and
+    the row linear."""
     for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real:
