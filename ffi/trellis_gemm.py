@@ -31,6 +31,9 @@ Environment:
                                               0: the three calls of the decode plan).
   EXL3_JAX_ONE_TOKEN = 1 | 0                  m = 1 decode kernels read one token's activation
                                               words (trellis_mma.MmaConfig.one_token; default 1).
+  EXL3_JAX_PAIR_FRAGMENTS = 0 | 1             packed decode kernels of 2+ token groups read
+                                              B-fragment-ordered pairs (MmaConfig.pair_fragments;
+                                              default 0, not measured yet).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
@@ -61,6 +64,7 @@ TRANSFORMS_ENV = "EXL3_JAX_TRANSFORMS"
 GROUPS_ENV = "EXL3_JAX_GROUPS"
 ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
 ONE_TOKEN_ENV = "EXL3_JAX_ONE_TOKEN"
+PAIR_FRAGMENTS_ENV = "EXL3_JAX_PAIR_FRAGMENTS"
 TILES_ENV = "EXL3_JAX_TILES"
 
 
@@ -194,12 +198,23 @@ def _both_halves(x):
     return bits | (bits << 16)
 
 
+def pair_fragment_words(xh, m_pad: int):
+    """fp16 [m, k] -> flat uint32 [m_pad * k/2], the packed B-fragment words ("pairs",
+    trellis_geometry.pair_fragment_word as one reshape and transpose; zero-padded rows)."""
+    xh = _padded_rows(xh, m_pad)
+    # [G, tok, kt, i, t, h]: k = 16 kt + 8 i + 2 t + h, row = 8 G + tok -> [G, kt, i, tok, t, h].
+    x6 = xh.reshape(m_pad // 8, 8, xh.shape[1] // 16, 2, 4, 2)
+    return f16_words(jnp.transpose(x6, (0, 2, 3, 1, 4, 5)).reshape(-1))
+
+
 def mma_input_words(xh, cfg):
     """fp16 [m, k] -> the words ``xw`` of the decode kernel ``cfg`` (trellis_mma.MmaConfig)."""
     if cfg.x_layout == "token":
         return token_fragment_words(xh[:1])
     if cfg.x_layout == "fragments":
         return b_fragment_words(xh, cfg.m_pad)
+    if cfg.x_layout == "pairs":
+        return pair_fragment_words(xh, cfg.m_pad)
     return _f16_pairs(xh, cfg.m_pad)
 
 
@@ -225,6 +240,10 @@ def _one_token(plan: TrellisPlan) -> bool:
     return plan.m == 1 and os.environ.get(ONE_TOKEN_ENV, "1") != "0"
 
 
+def _pair_fragments() -> bool:
+    return os.environ.get(PAIR_FRAGMENTS_ENV, "0") == "1"
+
+
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
     """The decode kernel's MmaConfig for ``weight`` (a group: its first member, and
     ``members`` the members' n)."""
@@ -233,7 +252,7 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                      k=weight.k, n=sum(members) or weight.n, m_tile=plan.m_tile,
                      n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
                      unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
-                     one_token=_one_token(plan)).validate()
+                     one_token=_one_token(plan), pair_fragments=_pair_fragments()).validate()
 
 
 def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
@@ -621,6 +640,7 @@ __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decod
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
-           "output_transform", "plan_for", "rotated_matmul", "row_scale", "supports",
+           "output_transform", "pair_fragment_words", "plan_for", "rotated_matmul", "row_scale",
+           "supports",
            "tiles_partials_words", "token_fragment_words", "trellis_matmul_gpu",
            "trellis_words"]

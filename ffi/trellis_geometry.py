@@ -190,6 +190,26 @@ def b_fragment_slot(row, kk):
     return row // 8, kk // 16, 2 * (w % 2) + w // 8, 4 * (row % 8) + (w % 8) // 2
 
 
+P_REGS = 2               # packed B-fragment registers per lane, token group and k16 step
+
+
+def pair_fragment_slot(row, kk):
+    """Where element (row, kk) goes in the packed B-fragment layout ("pairs": packed kernels,
+    two fp16 per register): (token group G, k16 step kt, register i, lane, half h). Lane
+    4*tok + t holds k rows 2t, 2t+1 in register 0 (low, high half) and 2t+8, 2t+9 in
+    register 1 (PTX m16n8k16 B layout). Plain integer arithmetic (DSL integers in the input
+    transform, numpy in the tests)."""
+    w = kk % 16
+    return row // 8, kk // 16, w // 8, 4 * (row % 8) + (w % 8) // 2, w % 2
+
+
+def pair_fragment_word(G, kt, i, lane, k16: int):
+    """uint32 word of register i of ``lane`` (token group G, k16 step kt) in the "pairs"
+    layout: each register index's 32 lanes are contiguous (one 128-byte load per warp, where
+    row-major pairs touch 8 token rows' lines)."""
+    return ((G * k16 + kt) * P_REGS + i) * LANES + lane
+
+
 def row_fragment_slot(c):
     """One token's B fragments as a compact sequence (the row linear's shared memory): column
     c of the row (k16 step j = c // 16) goes to (j * 4 + i) * 4 + t, its register i and lane t

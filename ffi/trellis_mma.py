@@ -63,8 +63,8 @@ from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
 from .cute_ops import (LOP3_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
                        half_in_both, lane_funnels, load_tile_words, load_words_v4,
                        mma_m16n8k16_f16_f32)
-from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, b_fragment_word, lane_geometry,
-                               token_fragment_word)
+from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, b_fragment_word,
+                               lane_geometry, pair_fragment_word, token_fragment_word)
 
 MAX_MEMBERS = 3        # linears per group kernel (q/k/v); the kernel takes this many trellis args
 
@@ -90,6 +90,7 @@ class MmaTiling:
     splits, unroll."""
 
     one_token = False     # MmaConfig's field; the other configs always read their own rows
+    pair_fragments = False  # MmaConfig's field: packed kernels of 2+ token groups read "pairs"
 
     @property
     def m_groups(self) -> int:
@@ -137,11 +138,13 @@ class MmaTiling:
         """How xw is laid out: B-fragment order with split pairs (one 128-byte load per warp
         and register, no ALU work; "token" for one token: one 16-byte load per lane and k16
         step, trellis_geometry.token_fragment_word), else row-major fp16 pairs (the grouped
-        MoE kernel overrides it: always rows). Measured on the H200: packed pairs from
-        B-fragment order took 3-8 more registers, which cost a CTA per SM and made
-        8192x28672 K3 mul1 m=1 18% slower, so packed kernels keep rows."""
+        MoE kernel overrides it: always rows), or with ``pair_fragments`` and 2+ token groups
+        packed pairs in B-fragment order ("pairs"). Measured on the H200 (session 12): packed
+        pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
+        8192x28672 K3 mul1 m=1 18% slower; with 2+ token groups (m = 9..32) they were not
+        measured, and there row-major loads touch 8 lines per warp load."""
         if not self.split_pairs:
-            return "rows"
+            return "pairs" if self.pair_fragments and self.m_groups > 1 else "rows"
         return "token" if self.one_token else "fragments"
 
     @property
@@ -187,6 +190,10 @@ class MmaConfig(MmaTiling):
     # bytes instead of 8 rows' (8x less L1/L2 traffic). The padding rows of the partials are
     # then copies of row 0, which nothing reads.
     one_token: bool = False
+    # Packed kernels (2+ token groups) read their B registers in the "pairs" layout
+    # (trellis_geometry.pair_fragment_word: one 128-byte line per warp load) instead of
+    # row-major pairs (8 token rows' lines per load). Not measured yet: EXL3_JAX_PAIR_FRAGMENTS=1.
+    pair_fragments: bool = False
 
     @property
     def x_k16(self) -> int:
@@ -233,6 +240,8 @@ def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16=None):
       * "fragments" (dense kernel, split pairs): x_base is ``b_fragment_word(G0, kt0, 0,
         lane, x_k16)`` of the CTA's first token group (kt0: the member's row segment); 4 words
         per lane, each load 128 contiguous bytes per warp (trellis_geometry.b_fragment_slot).
+      * "pairs" (packed kernels with ``pair_fragments``): x_base is ``pair_fragment_word(G0,
+        kt0, 0, lane, x_k16)``; 2 words per lane, each load 128 contiguous bytes per warp.
       * "rows": x_base is the lane's word in row-major fp16 pairs, x_base + 8 g (x_k16 * 8) +
         8 kt and + 4; with ``split_pairs`` (grouped MoE kernel) each fp16 is copied into both
         halves of its register (one byte permute per register).
@@ -266,7 +275,7 @@ def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32):
 def _x_words_per_group(cfg) -> int:
     """Activation words per lane, token group and k16 step: the B fragment's registers, or a
     row-major word pair."""
-    return 2 if cfg.x_layout == "rows" else B_REGS
+    return P_REGS if cfg.x_layout in ("rows", "pairs") else B_REGS
 
 
 def fragments_of_words(words, cfg):
@@ -275,7 +284,7 @@ def fragments_of_words(words, cfg):
     out = []
     for i in range(0, len(words), per):
         w = words[i:i + per]
-        if cfg.x_layout != "rows":
+        if cfg.x_layout in ("fragments", "token"):
             out.append(((w[0], w[1]), (w[2], w[3])))
         elif cfg.split_pairs:
             out.append(((half_in_both(w[0], False), half_in_both(w[1], False)),
@@ -333,6 +342,9 @@ def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32):
         elif cfg.x_layout == "fragments":
             w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * lanes
             words += [Uint32(xw[w0 + lanes * i]) for i in range(B_REGS)]
+        elif cfg.x_layout == "pairs":
+            w0 = x_base + (g * cfg.x_k16 + kt) * P_REGS * LANES
+            words += [xw[w0 + LANES * i] for i in range(P_REGS)]
         else:
             base = x_base + g * 8 * kw + kt * 8
             words += [xw[base], xw[base + 4]]
@@ -459,6 +471,8 @@ def x_base_word(m0, kt0, lane, cfg):
         return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
         return b_fragment_word(m0 // 8, kt0, 0, lane, cfg.x_k16)
+    if cfg.x_layout == "pairs":
+        return pair_fragment_word(m0 // 8, kt0, 0, lane, cfg.x_k16)
     return (m0 + lane // 4) * (cfg.x_k16 * 8) + kt0 * 8 + lane % 4
 
 

@@ -24,6 +24,7 @@ from exl3_jax.format.spec import width_from_rate
 from exl3_jax.ffi import trellis_gemm as tg
 from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_fragment_word,
                                            emulate_lane_states, lane_geometry,
+                                           pair_fragment_slot, pair_fragment_word,
                                            row_fragment_slot, supported_rates,
                                            token_fragment_word)
 from exl3_jax.ops import plans
@@ -202,8 +203,56 @@ def rows_from_mma_words(xw, cfg, k):
     if cfg.x_layout == "token":        # the padding tokens' lanes read token 0's words
         low = xw[token_fragment_word(np.arange(k))].astype(jnp.uint16)
         return jnp.tile(jax.lax.bitcast_convert_type(low, jnp.float16)[None], (cfg.m_pad, 1))
+    if cfg.x_layout == "pairs":
+        halves = jax.lax.bitcast_convert_type(xw, jnp.float16).reshape(-1)
+        return halves[pair_fragment_positions(cfg.m_pad, k)]
     low = xw[b_fragment_positions(cfg.m_pad, k)].astype(jnp.uint16)
     return jax.lax.bitcast_convert_type(low, jnp.float16)
+
+
+def pair_fragment_positions(m_pad, k):
+    """fp16 element (2 * word + half) of every (row, kk) in the "pairs" layout, by the
+    kernel-side formula on numpy index arrays."""
+    row, kk = np.meshgrid(np.arange(m_pad), np.arange(k), indexing="ij")
+    G, kt, i, lane, h = pair_fragment_slot(row, kk)
+    return 2 * pair_fragment_word(G, kt, i, lane, k // 16) + h
+
+
+def test_pair_fragment_words_match_the_kernel_formula(rng):
+    # The packed B-fragment layout ("pairs"): jnp's reshape/transpose equals the formula the
+    # input transform writes with, every element once, and register i of lane 4 tok + t holds
+    # k rows (2t, 2t+1) + 8i of token tok (PTX m16n8k16 B), one 128-byte line per register.
+    m, m_pad, k = 13, 16, 256
+    xh = rng.standard_normal((m, k)).astype(np.float16)
+    words = np.asarray(tg.pair_fragment_words(jnp.asarray(xh), m_pad))
+    assert words.size == m_pad * k // 2
+    pos = pair_fragment_positions(m_pad, k)
+    assert len(np.unique(pos)) == pos.size
+    want = np.zeros((m_pad, k), np.float16)
+    want[:m] = xh
+    np.testing.assert_array_equal(words.view(np.float16)[pos], want)
+    G, kt = 1, 5
+    for lane in range(32):
+        tok, t = 8 * G + lane // 4, lane % 4
+        for i in (0, 1):
+            w = words[pair_fragment_word(G, kt, i, lane, k // 16)]
+            got = np.array([w & 0xFFFF, w >> 16], np.uint16).view(np.float16)
+            np.testing.assert_array_equal(got, want[tok, 16 * kt + 8 * i + 2 * t:][:2])
+    # The packed MMA on these words: A packs two k rows of a weight column per register.
+    Wt = rng.standard_normal((16, 16)).astype(np.float16)       # [out column, k row]
+    a = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8),
+                                        (g + 8, 2 * t + 8))):
+            a[lane, i] = Wt[row, col:col + 2].view(np.uint32)[0]
+    b = np.stack([[words[pair_fragment_word(0, 0, i, lane, k // 16)] for i in (0, 1)]
+                  for lane in range(32)])
+    d = mma_m16n8k16(a, b)
+    ref = Wt.astype(np.float64) @ want[:8, :16].astype(np.float64).T      # [16, 8 tokens]
+    lanes = np.arange(32)
+    np.testing.assert_allclose(d[:, 1], ref[lanes // 4, 2 * (lanes % 4) + 1], rtol=1e-12)
+    np.testing.assert_allclose(d[:, 2], ref[lanes // 4 + 8, 2 * (lanes % 4)], rtol=1e-12)
 
 
 def test_b_fragment_words_match_the_kernel_formula(rng):
@@ -437,8 +486,9 @@ def emulated_kernels(monkeypatch):
         scale = jnp.pad(scale[:, 0], (0, m_pad - m), constant_values=1.0)
         if layout == "rows":
             return xh.reshape(-1), scale
-        words = (tg.token_fragment_words(xh) if layout == "token"
-                 else tg.b_fragment_words(xh, m_pad))
+        words = {"token": lambda: tg.token_fragment_words(xh),
+                 "pairs": lambda: tg.pair_fragment_words(xh, m_pad),
+                 "fragments": lambda: tg.b_fragment_words(xh, m_pad)}[layout]()
         return jax.lax.bitcast_convert_type(words, jnp.float16).reshape(-1), scale
 
     def hadamard_out(part, svh, bias, scale, *, m, m_pad, splits, n):
@@ -604,6 +654,26 @@ def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, 
     cls = type(cfg)
     with pytest.raises(ValueError, match="one token tile"):      # two token tiles
         cls(codebook, K, m_blocks=2, k=512, n=256, one_token=True).validate()
+
+
+@pytest.mark.parametrize("members", [(), (256, 128, 128)])
+def test_pair_fragment_plumbing(rng, emulated_kernels, monkeypatch, members):
+    # EXL3_JAX_PAIR_FRAGMENTS=1 at m = 12 (two token groups, packed): the input transform's
+    # "pairs" words reach the kernel (emulated), the result is the reference's.
+    from exl3_jax.ops import trellis_matmul_group
+    monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "1")
+    ns = members or (384,)
+    ws = [random_weight(rng, 512, n, 4, "mcg", bias=True) for n in ns]
+    x = jnp.asarray(rng.standard_normal((12, 512)), jnp.float32)
+    ys = (trellis_matmul_group(x, ws, backend="gpu") if members
+          else [tg.trellis_matmul_gpu(x, ws[0])])
+    cfg = emulated_kernels[-1][1]
+    assert cfg.pair_fragments and cfg.x_layout == "pairs" and cfg.m_groups == 2
+    for y, w in zip(ys, ws):
+        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
+        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
+    monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "0")
+    assert tg._mma_config(ws[0], plans.select_plan(12, 512, ns[0])).x_layout == "rows"
 
 
 def test_linear_group_falls_back_per_member(rng, emulated_kernels):
@@ -777,6 +847,18 @@ def test_compile_only_tiles_kernels(arch):
              ("3inst", 2, 200, "tiles", 512, 256)]
     for row in check_rows("exl3_jax.ffi.aot", cases, arch):
         assert row["calls"] == 3 and "_trellis_tiles_kernel" in row["kernels"], row
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_compile_only_pair_fragment_kernels(arch, monkeypatch):
+    # EXL3_JAX_PAIR_FRAGMENTS=1: packed kernels of 2+ token groups read the "pairs" layout
+    # (single linear and group; mcg and mul1).
+    monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "1")
+    cases = [("mcg", 4, 12, "decode", 1024, 512), ("mul1", 3, 30, "decode", 512, 512,
+                                                   (256, 128, 128))]
+    for row in check_rows("exl3_jax.ffi.aot", cases, arch):
+        assert row["calls"] == 3 and row["kernels"][0] == "_hadamard_in_kernel", row
 
 
 @needs_cutlass
