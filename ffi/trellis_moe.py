@@ -117,6 +117,10 @@ class GroupedMmaConfig(MmaTiling):
     # overlaps the first weight loads. One slab, two planes.
     rotate_in: bool = False
     top_k: int = 0
+    # Per-route plans (route r alone in block r, the block's rows 1.. padding): every lane
+    # reads row 0's activation words, so a warp load touches one row's line instead of 8 rows'
+    # (7 of them padding); the padding rows' partials are then copies of row 0's, never read.
+    one_row: bool = False
 
     x_layout = "rows"        # xw row-major fp16 pairs (the route-packed rows)
     mul1_split = True        # the k loops apply trellis_mma.mul1_affine
@@ -181,7 +185,8 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
     nacc = cfg.acc_regs
     acc = zero_accumulators(cfg)
 
-    x_row_base = (plane * cfg.rows + row0 + lane // 4) * (cfg.k // 2) + lane % 4
+    x_row_base = (plane * cfg.rows + row0 + (0 if cfg.one_row else lane // 4)) * (cfg.k // 2) \
+        + lane % 4
     chunk = cfg.warps * cfg.unroll
     k_end = cutlass.select_(live, k0 + cfg.k_per_split, k0)     # unused block: no k steps
     tile_stride = cfg.k16 * cfg.n16
@@ -716,6 +721,10 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
               else jnp.ones((1,), jnp.float32))
     if kr.per_route and not cfg1.tiers:       # FC1 rotates its route's row itself
         cfg1 = dataclasses.replace(cfg1, rotate_in=True, top_k=top_k).validate()
+    elif kr.per_route:                        # tiers: FC1 reads rotate_in's rows
+        cfg1 = dataclasses.replace(cfg1, one_row=True).validate()
+    if kr.per_route:
+        cfg2 = dataclasses.replace(cfg2, one_row=True).validate()
     fields = dict(experts=E, top_k=top_k, per_route=kr.per_route)
     cfg = MoeLayerConfig(
         rotate=_per_row(2 * kr.rows, H, planes=2, **fields), fc1=cfg1,
