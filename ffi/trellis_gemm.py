@@ -177,9 +177,9 @@ def b_fragment_words(xh, m_pad: int):
     trellis_geometry.b_fragment_slot / b_fragment_word as one reshape and transpose). The input
     transform kernel writes the same words directly (hadamard_in layout "fragments")."""
     xh = _padded_rows(xh, m_pad)
-    # [G, tok, kt, r, t, h]: k = 16 kt + 8 r + 2 t + h, row = 8 G + tok -> [G, kt, h, r, tok, t].
+    # [G, tok, kt, r, t, h]: k = 16 kt + 8 r + 2 t + h, row = 8 G + tok -> [G, kt, tok, t, h, r].
     x6 = xh.reshape(m_pad // 8, 8, xh.shape[1] // 16, 2, 4, 2)
-    return jnp.transpose(_both_halves(x6), (0, 2, 5, 3, 1, 4)).reshape(-1)
+    return jnp.transpose(_both_halves(x6), (0, 2, 1, 4, 5, 3)).reshape(-1)
 
 
 def token_fragment_words(xh):

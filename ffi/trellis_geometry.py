@@ -232,9 +232,10 @@ def token_fragment_word(c):
 
 
 def b_fragment_word(G, kt, i, lane, k16: int):
-    """uint32 word index of register i of ``lane`` for token group G, k16 step kt: the words of
-    one register index are contiguous across the 32 lanes (one 128-byte load per warp)."""
-    return ((G * k16 + kt) * B_REGS + i) * LANES + lane
+    """uint32 word index of register i of ``lane`` for token group G, k16 step kt: a lane's 4
+    registers of a step are contiguous (one 16-byte load per lane; a warp's load covers 512
+    contiguous bytes)."""
+    return ((G * k16 + kt) * LANES + lane) * B_REGS + i
 
 
 def supported_rates() -> tuple:

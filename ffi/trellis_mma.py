@@ -22,8 +22,9 @@ Why this shape of kernel:
     two weights (4.1 -> 3.1 ALU ops per weight at K3) and no HADD2 to sum the halves, for a
     second MMA per tile. mul1 runs split pairs too (the MMA multiplies an integer, and
     mul1_affine finishes the codebook's affine map), which drops its PRMT and HFMA2.
-    Those B words come in B-fragment order from the input transform, so each B register is one
-    128-byte load per warp; row-major B costs 8 L1 wavefronts per load (8 token rows).
+    Those B words come in B-fragment order from the input transform, so a lane's 4 B
+    registers of a step are one 16-byte load (512 contiguous bytes per warp); row-major B costs
+    8 L1 wavefronts per load (8 token rows).
   * No shared-memory staging of weights: each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8)
     or 8 (K = 7) ring words straight from global memory; all 32 lanes hit the same 32*K-byte
     tile, so the loads coalesce.
@@ -135,9 +136,9 @@ class MmaTiling:
 
     @property
     def x_layout(self) -> str:
-        """How xw is laid out: B-fragment order with split pairs (one 128-byte load per warp
-        and register, no ALU work; "token" for one token: one 16-byte load per lane and k16
-        step, trellis_geometry.token_fragment_word), else row-major fp16 pairs (the grouped
+        """How xw is laid out: B-fragment order with split pairs (one 16-byte load per lane
+        and k16 step, no ALU work; "token" for one token: the same from one token's words,
+        trellis_geometry.token_fragment_word), else row-major fp16 pairs (the grouped
         MoE kernel overrides it: always rows), or with ``pair_fragments`` and 2+ token groups
         packed pairs in B-fragment order ("pairs"). Measured on the H200 (session 12): packed
         pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
@@ -238,8 +239,9 @@ def load_chunk(xw, tw, c0, tile0, x_base, funnels, geo, cfg, n16=None):
 
     B fragments by ``cfg.x_layout``:
       * "fragments" (dense kernel, split pairs): x_base is ``b_fragment_word(G0, kt0, 0,
-        lane, x_k16)`` of the CTA's first token group (kt0: the member's row segment); 4 words
-        per lane, each load 128 contiguous bytes per warp (trellis_geometry.b_fragment_slot).
+        lane, x_k16)`` of the CTA's first token group (kt0: the member's row segment); a
+        lane's 4 words are one 16-byte load, 512 contiguous bytes per warp
+        (trellis_geometry.b_fragment_slot).
       * "pairs" (packed kernels with ``pair_fragments``): x_base is ``pair_fragment_word(G0,
         kt0, 0, lane, x_k16)``; 2 words per lane, each load 128 contiguous bytes per warp.
       * "rows": x_base is the lane's word in row-major fp16 pairs, x_base + 8 g (x_k16 * 8) +
@@ -330,15 +332,19 @@ def _tile_row_words(tw, kt, tile0, funnels, geo, cfg, n16):
 
 def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32):
     """Raw activation words of k16 step kt = c0 + u for every token group (see load_chunk;
-    u: the unrolled step, a compile-time int, an immediate offset of 16-byte loads). lanes: the
-    lanes of the B-fragment order's registers, 32, or 4 for one token's row in shared memory
-    (trellis_linear: lanes 4..31 read lanes 0..3's fp16, zero-extended from a 16-bit view)."""
+    u: the unrolled step, a compile-time int, an immediate offset of 16-byte loads). lanes: 32
+    for the B-fragment order in global memory (one 16-byte load per lane), or 4 for one
+    token's row in the row linear's shared memory (trellis_geometry.row_fragment_slot: lanes
+    4..31 read lanes 0..3's words, one 32-bit load per register)."""
     kt = c0 + u
     kw = cfg.x_k16 * 8
     words = []
     for g in range(cfg.m_groups):
         if cfg.x_layout == "token":
             words += load_words_v4(xw, x_base + c0 * 16, 16 * u)
+        elif cfg.x_layout == "fragments" and lanes == LANES:
+            words += load_words_v4(xw, x_base + (g * cfg.x_k16 + c0) * B_REGS * LANES,
+                                   B_REGS * LANES * u)
         elif cfg.x_layout == "fragments":
             w0 = x_base + (g * cfg.x_k16 + kt) * B_REGS * lanes
             words += [Uint32(xw[w0 + lanes * i]) for i in range(B_REGS)]
