@@ -20,7 +20,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from exl3_jax.format.spec import MCG_MULTIPLIER, MUL1_MULTIPLIER
 from exl3_jax.trellis.codebook import MUL1_CENTER, THREEINST_ADDEND, THREEINST_MULTIPLIER
 
-from .trellis_geometry import LaneGeometry, lane_funnel
+from .trellis_geometry import LaneGeometry, lane_funnel, window_selectors
 
 # Codebook arithmetic (exl3_format.md 3.1-3.3), as PTX:
 #  * 3inst / mcg: x = state * a (+ b); x = (x & 0x8FFF8FFF) ^ 0x3B603B60 (lop3 0x6A);
@@ -145,10 +145,17 @@ def mma_m16n8k16_f16_f32(a, b, c, *, loc=None, ip=None):
 
 
 def lane_funnels(geo: LaneGeometry, lane):
-    """Per-group (high word, low word, shift of element 0) for this lane; computed once per
-    kernel since they do not depend on the tile. The same function the host emulation
+    """Per-group (high word, low word, shift of element 0, window selectors) for this lane;
+    computed once per kernel since they do not depend on the tile (the selectors only where
+    the group has a byte-window plan, else None). The same functions the host emulation
     (trellis_geometry.emulate_lane_states) runs, here on DSL integers."""
-    return [lane_funnel(geo, lane, gi) for gi in range(geo.groups)]
+    out = []
+    for gi in range(geo.groups):
+        hi, lo, sh0 = lane_funnel(geo, lane, gi)
+        sel = (window_selectors(geo, sh0, cutlass.min) if geo.window_plan(gi) is not None
+               else None)
+        out.append((hi, lo, sh0, sel))
+    return out
 
 
 def load_tile_words(tw, tile_base, funnels, geo: LaneGeometry):
@@ -156,7 +163,14 @@ def load_tile_words(tw, tile_base, funnels, geo: LaneGeometry):
 
     Kept separate from ``decode_words`` so kernels can issue the loads of several tiles before
     decoding any of them (memory-level parallelism: the decode is short, the loads are not)."""
-    return [(tw[tile_base + hi], tw[tile_base + lo]) for hi, lo, _ in funnels]
+    return [(tw[tile_base + f[0]], tw[tile_base + f[1]]) for f in funnels]
+
+
+@dsl_user_op
+def times_power_of_two(r, k: int, *, loc=None, ip=None) -> Uint32:
+    """r << k (mod 2^32) as a multiply by 2^k (an IMAD on the FMA pipe, not the ALU's SHF)."""
+    return _asm_u32([Uint32(r).ir_value(loc=loc, ip=ip)], f"mul.lo.u32 $0, $1, {1 << k};",
+                    loc, ip)
 
 
 @dsl_user_op
@@ -165,7 +179,8 @@ def high_half(r, *, loc=None, ip=None) -> Uint32:
     return _asm_u32([Uint32(r).ir_value(loc=loc, ip=ip)], "mul.hi.u32 $0, $1, 65536;", loc, ip)
 
 
-def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False):
+def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False,
+                byte_windows: bool = False):
     """This lane's 8 states of one tile (element order), from the words of
     ``load_tile_words``.
 
@@ -177,12 +192,32 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False):
     base word (``LaneGeometry.extraction``); with ``fma_pipe`` its 16-bit shifts are high
     multiplies and a mask whose base word also yields a shifted state is folded into the
     codebook multiply (FoldedState). fma_pipe serves the ALU-bound decodes (LOP3_CODEBOOKS):
-    it trades ALU operations for FMA-pipe ones, one for one."""
+    it trades ALU operations for FMA-pipe ones, one for one. ``byte_windows`` (split pairs,
+    where the ALU binds harder than the issue rate): byte-aligned lane-dependent groups (K = 3,
+    5, 6) are read from two byte-permuted 32-bit windows at compile-time shifts instead
+    (LaneGeometry.window_plan), about half their states by two IMADs."""
     states = []
     for gi in range(geo.groups):
         hi, lo = words[gi]
         merged = (Uint64(hi) << Uint64(32)) | Uint64(lo)
         plan = geo.extraction(gi)
+        wplan = geo.window_plan(gi) if fma_pipe and byte_windows else None
+        if wplan is not None:     # byte windows: compile-time shifts inside two 32-bit words
+            sels = funnels[gi][3]
+            wins = [permute_bytes(lo, hi, sels[w]) for w in sorted({w for w, _, _ in wplan})]
+            for w, sh, fma in wplan:
+                r = wins[w]
+                if fma:           # the state on top (a multiply), then a high multiply
+                    states.append(high_half(r if sh == 16 else times_power_of_two(r, 16 - sh)))
+                elif sh == 0:
+                    states.append(r & Uint32(0xFFFF))
+                elif sh == 8:
+                    states.append(byte_window(r))
+                elif sh == 16:
+                    states.append(r >> Uint32(16))
+                else:
+                    states.append((r >> Uint32(sh)) & Uint32(0xFFFF))
+            continue
         if plan is None:          # the shift depends on the lane: one funnel per state
             sh0 = funnels[gi][2]
             for q, off in enumerate(geo.offsets):
@@ -219,7 +254,8 @@ def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
 def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
     """This lane's 8 weights of one tile, one f16x2 register each (element order,
     ``decode_halves``)."""
-    states = lane_states(words, funnels, geo, codebook in LOP3_CODEBOOKS)
+    lop3 = codebook in LOP3_CODEBOOKS
+    states = lane_states(words, funnels, geo, fma_pipe=lop3, byte_windows=lop3)
     return [decode_halves(s, codebook) for s in states]
 
 
@@ -242,13 +278,14 @@ def load_words_v4(words, index, offset: int = 0):
 
 
 @dsl_user_op
-def permute_bytes(a, b, selector: int, *, loc=None, ip=None) -> Uint32:
-    """prmt.b32 of (a, b): byte i of the result is byte (selector >> 4 i) & 7 of b:a."""
-    res = llvm.inline_asm(
-        T.i32(), [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
-        f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return Uint32(res)
+def permute_bytes(a, b, selector, *, loc=None, ip=None) -> Uint32:
+    """prmt.b32 of (a, b): byte i of the result is byte (selector >> 4 i) & 7 of b:a; selector
+    a Python int (an immediate) or a DSL integer (a register, e.g. lane-dependent)."""
+    values = [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)]
+    if isinstance(selector, int):
+        return _asm_u32(values, f"prmt.b32 $0, $1, $2, {selector:#x};", loc, ip)
+    values.append(Uint32(selector).ir_value(loc=loc, ip=ip))
+    return _asm_u32(values, "prmt.b32 $0, $1, $2, $3;", loc, ip)
 
 
 def byte_window(r):
@@ -305,4 +342,4 @@ __all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cta
            "decode_halves", "decode_pair", "decode_words", "decode_words_split", "half_in_both",
            "hadamard128_lane", "high_half", "lane_funnels", "lane_states", "load_tile_words",
            "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes",
-           "warp_task"]
+           "times_power_of_two", "warp_task"]

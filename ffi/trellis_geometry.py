@@ -42,10 +42,40 @@ class LaneGeometry:
     offsets: tuple        # S(t_first + q) - S(t_first), q < group (same for every group)
     const_shift0: tuple = ()  # per group: sh0 when it is the same for every lane, else None
     top_states: tuple = ()    # per group: its first states whose shift is >= 16 in every lane
+    byte_aligned: tuple = ()  # per group: every lane's lowest state starts on a byte boundary
 
     @property
     def groups(self) -> int:
         return CODES_PER_LANE // self.group
+
+    def window_plan(self, gi: int):
+        """Byte-window extraction of a lane-dependent, byte-aligned group gi (else None), for
+        the FMA-pipe decode (cute_ops.lane_states): the lane's lowest state starts at byte j of
+        its 64-bit funnel (j from the lane's sh0), so two byte permutes give 32-bit windows at
+        bytes j and j + 2 (window_selectors) and state q sits at the compile-time shift
+        o = span - offsets[q] of window 0 (o <= 16) or o - 16 of window 1. Returns per state
+        (window, shift, fma): fma states are taken by two IMADs (a multiply that puts the state
+        on top, a high multiply), the others by a shift and a mask on the ALU pipe (one
+        instruction at shifts 0, 8, 16); as many go to the FMA pipe as balance the two pipes.
+        Not used where every state is on top of its funnel in every lane (K = 1, 2:
+        top_states), whose extraction is already one ALU and one FMA operation per state."""
+        if (self.extraction(gi) is not None or not self.byte_aligned[gi]
+                or self.top_states[gi] == self.group):    # all on top: one SHF + one IMAD.HI
+            return None
+        span = self.offsets[-1]
+        states = [(0, span - off) if span - off <= 16 else (1, span - off - 16)
+                  for off in self.offsets]
+        windows = len({w for w, _ in states})
+        alu_cost = [1 if sh in (0, 8, 16) else 2 for _, sh in states]
+        movable = [q for q in range(len(states)) if alu_cost[q] == 2]
+        alu = windows + len(states) + sum(alu_cost)       # permutes + codebook lop3s + shifts
+        fma = len(states)                                  # the codebook multiplies
+        n = 0
+        while n < len(movable) and max(alu - 2 * (n + 1), fma + 2 * (n + 1)) < max(
+                alu - 2 * n, fma + 2 * n):
+            n += 1
+        to_fma = set(movable[:n])
+        return tuple((w, sh, q in to_fma) for q, (w, sh) in enumerate(states))
 
     def extraction(self, gi: int):
         """Compile-time extraction plan of group gi, or None if its shifts depend on the lane.
@@ -106,12 +136,23 @@ def lane_geometry(K) -> LaneGeometry:
     geo = LaneGeometry(K=K, words=words, group=group, lane_stride=stride, group_base=base,
                        offsets=offsets)
     _check_lane_invariance(geo)
-    const, top = [], []
+    const, top, aligned = [], [], []
     for gi in range(geo.groups):
         sh0s = {lane_funnel(geo, lane, gi)[2] for lane in range(LANES)}
         top.append(sum(min(sh0s) - off >= 16 for off in offsets))
+        aligned.append(all((sh0 - offsets[-1]) % 8 == 0 for sh0 in sh0s))
         const.append(sh0s.pop() if len(sh0s) == 1 else None)
-    return dataclasses.replace(geo, const_shift0=tuple(const), top_states=tuple(top))
+    return dataclasses.replace(geo, const_shift0=tuple(const), top_states=tuple(top),
+                               byte_aligned=tuple(aligned))
+
+
+def window_selectors(geo: LaneGeometry, sh0, minimum=min):
+    """The two prmt selectors of a byte-aligned group's windows (LaneGeometry.window_plan):
+    bytes j.. and j + 2.. of the (hi:lo) funnel, j = the lowest state's byte, each byte index
+    clamped to 7 (the bytes past the funnel are never part of a state). Python or DSL integers
+    (``minimum``: min, or cutlass.min in a kernel)."""
+    j = (sh0 - geo.offsets[-1]) // 8
+    return tuple(sum(minimum(j + first + k, 7) * 16 ** k for k in range(4)) for first in (0, 2))
 
 
 def _check_lane_invariance(geo: LaneGeometry) -> None:
@@ -140,11 +181,12 @@ def lane_funnel(geo: LaneGeometry, lane, gi):
     return hi, lo, sh0
 
 
-def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False) -> np.ndarray:
+def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False,
+                        byte_windows: bool = False) -> np.ndarray:
     """Run the kernel's extraction on tiles' uint32 words U [..., words] -> states [..., 256]
-    in sequence order (t = 8 lane + j); ``fma_pipe``: cute_ops.lane_states's top windows
-    where the geometry allows them (LaneGeometry.top_states). Host-side oracle for the
-    geometry."""
+    in sequence order (t = 8 lane + j); ``fma_pipe`` / ``byte_windows``: cute_ops.lane_states's
+    top windows (LaneGeometry.top_states) and byte windows (window_plan). Host-side oracle for
+    the geometry."""
     geo = lane_geometry(K)
     U = np.asarray(U, dtype=np.uint64)
     out = np.zeros(U.shape[:-1] + (LANES * CODES_PER_LANE,), dtype=np.uint32)
@@ -155,7 +197,19 @@ def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False) -> np.ndarray:
             plan = geo.extraction(gi)
             for q in range(geo.group):
                 t = CODES_PER_LANE * lane + gi * geo.group + q
-                if plan is None and fma_pipe and q < geo.top_states[gi]:   # state on top
+                wplan = geo.window_plan(gi) if fma_pipe and byte_windows else None
+                if wplan is not None:            # byte windows of the funnel
+                    win, sh, fma = wplan[q]
+                    sel = window_selectors(geo, sh0)[win]
+                    byte_idx = [(sel >> (4 * k)) & 7 for k in range(4)]
+                    w = sum(((merged >> np.uint64(8 * b)) & np.uint64(0xFF)) << np.uint64(8 * k)
+                            for k, b in enumerate(byte_idx))
+                    if fma:                      # state on top, then a high multiply
+                        v = (w << np.uint64(16 - sh)) & np.uint64(0xFFFFFFFF)
+                        out[..., t] = (v >> np.uint64(16)).astype(np.uint32)
+                    else:
+                        out[..., t] = ((w >> np.uint64(sh)) & np.uint64(0xFFFF)).astype(np.uint32)
+                elif plan is None and fma_pipe and q < geo.top_states[gi]:   # state on top
                     r = (merged >> np.uint64(sh0 - 16 - geo.offsets[q])) & np.uint64(0xFFFFFFFF)
                     out[..., t] = (r >> np.uint64(16)).astype(np.uint32)
                 elif plan is None:       # lane-dependent shift: 64-bit funnel + mask

@@ -52,8 +52,10 @@ def test_lane_geometry_matches_reference_states(rng, K):
     words = u[:, 0::2] | (u[:, 1::2] << 16)
     ref = np.asarray(unpack_states(jnp.asarray(trellis)))
     np.testing.assert_array_equal(emulate_lane_states(words, K), ref)
-    # The FMA-pipe extraction (top-aligned funnel windows, pre-shifted where a lane needs it).
+    # The FMA-pipe extraction: top windows (packed kernels), and byte windows (split pairs).
     np.testing.assert_array_equal(emulate_lane_states(words, K, fma_pipe=True), ref)
+    np.testing.assert_array_equal(
+        emulate_lane_states(words, K, fma_pipe=True, byte_windows=True), ref)
 
 
 @pytest.mark.parametrize("codebook", ["mcg", "3inst"])
@@ -82,6 +84,12 @@ def test_lane_geometry_groups():
         assert 8 % geo.group == 0 and geo.offsets[0] == 0
     assert lane_geometry(3).groups == 1 and lane_geometry(4).groups == 1
     assert lane_geometry(3.5).groups == 2 and lane_geometry(7).groups == 4
+    # Byte windows (split pairs' FMA-pipe extraction) where the lowest state is byte-aligned
+    # in every lane and not every state is on top: K3 (8 states, both windows), not K2 / K4.
+    plan3 = lane_geometry(3).window_plan(0)
+    assert plan3 is not None and {w for w, _, _ in plan3} == {0, 1}
+    assert sum(fma for _, _, fma in plan3) == 4
+    assert lane_geometry(2).window_plan(0) is None and lane_geometry(4).window_plan(0) is None
 
 
 def test_fragment_pairs_follow_the_tile_permutation():
