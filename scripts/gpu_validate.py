@@ -64,7 +64,8 @@ def configs(quick: bool = False):
     out = [(cb, K) for cb in ("3inst", "mcg", "mul1") for K in INT_RATES]
     out += [("mul1", K) for K in HALF_RATES]
     if quick:
-        out = [("mcg", 3), ("mcg", 4), ("mul1", 4), ("3inst", 2), ("mul1", 2.5), ("mcg", 8)]
+        out = [("mcg", 3), ("mcg", 4), ("mul1", 4), ("3inst", 2), ("mul1", 2.5), ("mcg", 8),
+               ("mcg", 6), ("3inst", 5)]
     return out
 
 
@@ -572,7 +573,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=400.0,
                    help="stop starting new gemm configs after this many seconds")
     p.add_argument("--bench-s", type=float, default=150.0, help="extra seconds for the bench")
-    p.add_argument("--quick", action="store_true", help="6 representative configs only")
+    p.add_argument("--quick", action="store_true", help="8 representative configs only")
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--group", action="store_true", help="also validate linear groups")
     p.add_argument("--sections", default=None,
