@@ -1,0 +1,18 @@
+# Call 2 (~8 min): timing of wip/next against main before session 17 (base) and change 1 alone
+# (halves), two rounds in separate processes (the spread between rounds shows drift); the Qwen3
+# MoE layer for base and wip/next. Needs .device/{base,halves}.tar.xz (make_device_dir.sh).
+CALL=call2
+for round in 1 2; do
+  for name in base halves here; do
+    tree $name
+    timeout 120 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16 --out $RES/2_linear_${name}_r$round.json > $RES/2_linear_${name}_r$round.log 2>&1
+    t "bench linear $name round $round rc=$?"; grep -v -i warn $RES/2_linear_${name}_r$round.log | grep -E "^ *(8192|4096)" | cut -c1-110 | head -30; save
+  done
+done
+for name in base here; do
+  tree $name
+  timeout 100 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/2_moe_$name.json > $RES/2_moe_$name.log 2>&1
+  t "bench moe $name rc=$?"; grep -v -i warn $RES/2_moe_$name.log | tail -8 | cut -c1-160; save
+done
+tree here
+t done

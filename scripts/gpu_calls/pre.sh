@@ -1,0 +1,34 @@
+# Sourced first by every queued GPU call (scripts/gpu_calls/callN.sh): CuTe DSL from the carried
+# tarball, this tree installed offline, a step timer, and `tree NAME` to switch the Python path to
+# a carried `git archive` (.device/NAME.tar.xz, see make_device_dir.sh; the shell moves to its
+# folder) or back to this tree (`tree here`, back in the repo root).
+set -u
+mkdir -p /tmp/site && tar -xJf .device/cutlass_dsl_cp312_cu13.tar.xz -C /tmp/site
+export BASE_PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+export PYTHONPATH=$BASE_PYTHONPATH
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+ROOT=$(pwd)
+RES=/tmp/res; mkdir -p $RES
+# Everything goes into one tarball under $OUT after each step, so a call cut off at its limit
+# still returns what it finished (and $OUT's 8-file limit is never reached).
+save() { tar -czf "$OUT/${CALL:-call}.tar.gz" -C $RES . ; }
+tree() {
+    if [ "$1" = here ]; then export PYTHONPATH=$BASE_PYTHONPATH; cd $ROOT; return; fi
+    local d=/tmp/tree_$1
+    if [ ! -d $d/site ]; then
+        # The package layout of pyproject's package-dir, without pip (no build backend needed).
+        mkdir -p $d/src $d/site && tar -xJf "$ROOT/.device/$1.tar.xz" -C $d/src
+        cp -r $d/src/exl3_jax $d/site/ && cp -r $d/src/ffi $d/site/exl3_jax/ffi
+        cp -r $d/src/models $d/site/exl3_jax/models
+    fi
+    # cd too: `python3 -m` puts the working directory (this repo) ahead of PYTHONPATH.
+    export PYTHONPATH=$d/site:$BASE_PYTHONPATH; cd $d/site
+    python3 -c "import exl3_jax, exl3_jax.ffi as f; print('tree $1:', exl3_jax.__file__, f.__file__)"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+python3 -c "import jax, cutlass; print('jax', jax.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -1
+git log -1 --format='tree %h %s' 2>/dev/null | cut -c1-100
+t start
