@@ -23,25 +23,17 @@ import cutlass
 import cutlass.cute as cute
 
 from .cute_ops import decode_words, lane_funnels, load_tile_words
-from .trellis_geometry import lane_geometry
+from .trellis_geometry import KSplitShape, lane_geometry
 
 
 @dataclasses.dataclass(frozen=True)
-class DequantConfig:
+class DequantConfig(KSplitShape):
     codebook: str
     K: float
     k: int
     n: int
     warps: int = 8         # warps per CTA
     k_tiles: int = 4       # consecutive k16 tiles per warp (same n16 column: contiguous rows)
-
-    @property
-    def k16(self) -> int:
-        return self.k // 16
-
-    @property
-    def n16(self) -> int:
-        return self.n // 16
 
     @property
     def grid(self) -> tuple[int, int, int]:

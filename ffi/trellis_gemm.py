@@ -19,9 +19,10 @@ repacking. Importing this module does not import cutlass (CPU-only processes sta
 kernels are compiled by cutlass.jax.cutlass_call when a jitted function is lowered for CUDA.
 
 Environment:
-  EXL3_JAX_PLAN = auto | decode | prefill | tiles
+  EXL3_JAX_PLAN = auto | decode | prefill | tiles | wgmma
                                               force a plan kind (decode needs m <= 32; tiles:
-                                              ffi/trellis_tiles.py, not yet chosen by auto).
+                                              ffi/trellis_tiles.py, wgmma: ffi/trellis_wgmma.py,
+                                              Hopper only; neither chosen by auto yet).
   EXL3_JAX_CUTE_OPTIONS = "..."               extra cute.compile options (debugging).
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
   EXL3_JAX_GROUPS = 1 | 0                     linears sharing an input (q/k/v, gate/up) run as one
@@ -36,6 +37,7 @@ Environment:
                                               default 0, not measured yet).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits   the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -66,6 +68,7 @@ ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
 ONE_TOKEN_ENV = "EXL3_JAX_ONE_TOKEN"
 PAIR_FRAGMENTS_ENV = "EXL3_JAX_PAIR_FRAGMENTS"
 TILES_ENV = "EXL3_JAX_TILES"
+WGMMA_ENV = "EXL3_JAX_WGMMA"
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,11 +109,11 @@ def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPla
     force = force or (os.environ.get(PLAN_ENV, "auto") or "auto")
     plan = select_plan(m, weight.k, weight.n, sms=device_sms(),
                        force=None if force == "auto" else force)
-    tiling = os.environ.get(TILES_ENV)
-    if plan.kind == "tiles" and tiling:
-        from exl3_jax.ops.plans import tiles_plan
-        plan = tiles_plan(m, weight.k, weight.n,
-                          tiling=tuple(int(v) for v in tiling.split(",")))
+    tiling = os.environ.get({"tiles": TILES_ENV, "wgmma": WGMMA_ENV}.get(plan.kind, ""), "")
+    if tiling:
+        from exl3_jax.ops.plans import tiles_plan, wgmma_plan
+        plan = {"tiles": tiles_plan, "wgmma": wgmma_plan}[plan.kind](
+            m, weight.k, weight.n, tiling=tuple(int(v) for v in tiling.split(",")))
     return plan
 
 
@@ -255,7 +258,21 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                      one_token=_one_token(plan), pair_fragments=_pair_fragments()).validate()
 
 
+TOKEN_TILE_KINDS = ("tiles", "wgmma")     # plans whose kernel takes row-major f16 pairs
+
+
 def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
+    """The kernel config of a token-tile plan (kind "tiles" or "wgmma")."""
+    if plan.kind == "wgmma":
+        from .aot import device_arch
+        from .trellis_wgmma import ARCH, WgmmaGemmConfig
+        if (arch := device_arch()) != ARCH:
+            raise ValueError(f"the wgmma plan needs a Hopper GPU ({ARCH}); the kernels are "
+                             f"built for {arch or 'no CUDA device'}: use the tiles plan there")
+        return WgmmaGemmConfig(codebook=weight.codebook, K=weight.K,
+                               m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
+                               m_tile=plan.m_tile, warpgroups=plan.warps // 4,
+                               splits=plan.splits).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,
                           m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
@@ -264,21 +281,23 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
 
 
 def tiles_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
-    """The large-token-tile kernel (ffi/trellis_tiles.py) on row-major activation words xw
-    (f16 pairs [m_pad, k/2]): flat fp32 [splits * m_pad * n]. out_init: as in
-    mma_partials_words."""
+    """A token-tile kernel (ffi/trellis_tiles.py, or ffi/trellis_wgmma.py for kind "wgmma") on
+    row-major activation words xw (f16 pairs [m_pad, k/2]): flat fp32 [splits * m_pad * n].
+    out_init: as in mma_partials_words."""
     from cutlass.jax import cutlass_call
 
-    from .trellis_tiles import launch_trellis_tiles
+    if plan.kind == "wgmma":
+        from .trellis_wgmma import launch_trellis_wgmma as launch
+    else:
+        from .trellis_tiles import launch_trellis_tiles as launch
 
     cfg = _tiles_config(weight, plan)
     tw = trellis_words(weight.trellis)
     shape = jax.ShapeDtypeStruct((cfg.splits * cfg.m_pad * cfg.n,), jnp.float32)
     if out_init is None:
-        return cutlass_call(launch_trellis_tiles, output_shape_dtype=shape, cfg=cfg,
+        return cutlass_call(launch, output_shape_dtype=shape, cfg=cfg,
                             compile_options=_cute_options())(xw, tw)
-    return cutlass_call(launch_trellis_tiles, output_shape_dtype=shape,
-                        input_output_aliases={2: 0}, cfg=cfg,
+    return cutlass_call(launch, output_shape_dtype=shape, input_output_aliases={2: 0}, cfg=cfg,
                         compile_options=_cute_options())(xw, tw, out_init)
 
 
@@ -507,7 +526,7 @@ def rotated_matmul(xh, weight: Exl3Weight, plan: TrellisPlan, *, poison: bool = 
             cfg = _mma_config(weight, plan)
             init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan))
         return jnp.sum(mma_partials(xh, weight, plan, out_init=init), axis=0)[:plan.m]
-    if plan.kind == "tiles":
+    if plan.kind in TOKEN_TILE_KINDS:
         cfg = _tiles_config(weight, plan)
         init = (jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison
                 else None)
@@ -567,7 +586,7 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
         part = mma_partials_words(xw, weight, plan)
         y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
                          splits=cfg.splits, n=weight.n)
-    elif plan.kind == "tiles":
+    elif plan.kind in TOKEN_TILE_KINDS:
         cfg = _tiles_config(weight, plan)
         xh, scale = hadamard_in(x2, weight.suh, cfg.m_pad)
         part = tiles_partials_words(f16_words(xh), weight, plan)

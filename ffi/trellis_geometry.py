@@ -292,6 +292,23 @@ def b_fragment_word(G, kt, i, lane, k16: int):
     return ((G * k16 + kt) * LANES + lane) * B_REGS + i
 
 
+class KSplitShape:
+    """k16 / n16 tile counts and k16 steps per K-split of a kernel config with fields k, n (and
+    splits): the base of every Trellis kernel config."""
+
+    @property
+    def k16(self) -> int:
+        return self.k // 16
+
+    @property
+    def n16(self) -> int:
+        return self.n // 16
+
+    @property
+    def k_per_split(self) -> int:
+        return self.k16 // self.splits
+
+
 def supported_rates() -> tuple:
     """Every rate the GPU kernels compile for (integer K = 1..8 and the mul1 half rates)."""
     return (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)

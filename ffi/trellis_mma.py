@@ -64,8 +64,9 @@ from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
 from .cute_ops import (LOP3_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
                        half_in_both, lane_funnels, load_tile_words, load_words_v4,
                        mma_m16n8k16_f16_f32)
-from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, b_fragment_word,
-                               lane_geometry, pair_fragment_word, token_fragment_word)
+from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, KSplitShape,
+                               b_fragment_word, lane_geometry, pair_fragment_word,
+                               token_fragment_word)
 
 MAX_MEMBERS = 3        # linears per group kernel (q/k/v); the kernel takes this many trellis args
 
@@ -85,7 +86,7 @@ def check_group_members(members, n: int) -> None:
                          f"n={n}, got {members}")
 
 
-class MmaTiling:
+class MmaTiling(KSplitShape):
     """Derived sizes and tiling checks shared by the dense (MmaConfig) and grouped MoE
     (trellis_moe.GroupedMmaConfig) kernel configs; needs fields k, n, m_tile, n_tiles, warps,
     splits, unroll."""
@@ -96,18 +97,6 @@ class MmaTiling:
     @property
     def m_groups(self) -> int:
         return self.m_tile // 8
-
-    @property
-    def k16(self) -> int:
-        return self.k // 16
-
-    @property
-    def n16(self) -> int:
-        return self.n // 16
-
-    @property
-    def k_per_split(self) -> int:
-        return self.k16 // self.splits
 
     @property
     def x_k16(self) -> int:

@@ -34,14 +34,60 @@ from cutlass import Uint32
 
 from .cute_ops import (cta_thread_ids, decode_words, lane_funnels, load_tile_words, load_words_v4,
                        mma_m16n8k16_f16_f32)
-from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
+from .trellis_geometry import A_OPERAND_PAIRS, KSplitShape, lane_geometry
 from .trellis_mma import zero_accumulators
 
 ROW_PAD = 8            # fp16 per staged row beyond k_chunk * 16: a 16-byte row shift, 4 banks
 
 
+class TokenTiles(KSplitShape):
+    """Derived sizes and checks shared by the token-tile kernels (TileGemmConfig here,
+    trellis_wgmma.WgmmaGemmConfig); needs fields K, m_blocks, k, n, m_tile, splits and
+    properties cta_n16 (n16 tiles per CTA), chunk_steps (k16 steps per shared-memory stage) and
+    threads."""
+
+    @property
+    def m_pad(self) -> int:
+        return self.m_blocks * self.m_tile
+
+    @property
+    def chunks(self) -> int:
+        return self.k_per_split // self.chunk_steps
+
+    @property
+    def stage_units(self) -> int:
+        """16-byte activation units of a stage (two per token and k16 step)."""
+        return self.m_tile * self.chunk_steps * 2
+
+    @property
+    def copy_units(self) -> int:
+        """16-byte activation units each thread copies per stage."""
+        return self.stage_units // self.threads
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.n16 // self.cta_n16, self.splits, self.m_blocks)
+
+    def check_token_tiling(self) -> None:
+        """k, n multiples of 128; whole CTAs over n; whole chunks per K-split; a stage's units
+        spread evenly over the threads; 32-bit indexing."""
+        if self.k % 128 or self.n % 128:
+            raise ValueError(f"k={self.k}, n={self.n} must be multiples of 128")
+        if self.n16 % self.cta_n16:
+            raise ValueError(f"n16={self.n16} is not a multiple of the CTA's {self.cta_n16} tiles")
+        if self.k16 % self.splits or self.k_per_split % self.chunk_steps:
+            raise ValueError(f"{self.splits} K-splits of k16={self.k16} are not whole chunks of "
+                             f"{self.chunk_steps} k16 steps")
+        if self.stage_units % self.threads:
+            raise ValueError(f"a stage's {self.stage_units} 16-byte units do not divide over "
+                             f"{self.threads} threads")
+        words = self.k16 * self.n16 * lane_geometry(self.K).words
+        if max(words, self.m_pad * self.k // 2, self.splits * self.m_pad * self.n) >= 2**31:
+            raise ValueError("tensor too large for 32-bit indexing")
+
+
 @dataclasses.dataclass(frozen=True)
-class TileGemmConfig:
+class TileGemmConfig(TokenTiles):
     """Every compile-time parameter of the large-token-tile Trellis GEMM."""
     codebook: str
     K: float
@@ -59,28 +105,12 @@ class TileGemmConfig:
         return self.m_tile // 8
 
     @property
-    def m_pad(self) -> int:
-        return self.m_blocks * self.m_tile
-
-    @property
-    def k16(self) -> int:
-        return self.k // 16
-
-    @property
-    def n16(self) -> int:
-        return self.n // 16
-
-    @property
     def cta_n16(self) -> int:
         return self.warps * self.n_tiles
 
     @property
-    def k_per_split(self) -> int:
-        return self.k16 // self.splits
-
-    @property
-    def chunks(self) -> int:
-        return self.k_per_split // self.k_chunk
+    def chunk_steps(self) -> int:
+        return self.k_chunk
 
     @property
     def threads(self) -> int:
@@ -99,31 +129,10 @@ class TileGemmConfig:
     def stage_words(self) -> int:
         return self.m_tile * self.row_words
 
-    @property
-    def copy_units(self) -> int:
-        """16-byte activation units each thread copies per stage."""
-        return self.m_tile * self.k_chunk * 2 // self.threads
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.n16 // self.cta_n16, self.splits, self.m_blocks)
-
     def validate(self) -> "TileGemmConfig":
-        if self.k % 128 or self.n % 128:
-            raise ValueError(f"k={self.k}, n={self.n} must be multiples of 128")
         if self.m_tile % 16 or not 16 <= self.m_tile <= 128:
             raise ValueError(f"m_tile {self.m_tile} must be a multiple of 16 in 16..128")
-        if self.n16 % self.cta_n16:
-            raise ValueError(f"n16={self.n16} is not a multiple of the CTA's {self.cta_n16} tiles")
-        if self.k16 % self.splits or self.k_per_split % self.k_chunk:
-            raise ValueError(f"{self.splits} K-splits of k16={self.k16} are not whole chunks of "
-                             f"{self.k_chunk}")
-        if (self.m_tile * self.k_chunk * 2) % self.threads:
-            raise ValueError(f"a stage's {self.m_tile * self.k_chunk * 2} 16-byte units do not "
-                             f"divide over {self.threads} threads")
-        words = self.k16 * self.n16 * lane_geometry(self.K).words
-        if max(words, self.m_pad * self.k // 2, self.splits * self.m_pad * self.n) >= 2**31:
-            raise ValueError("tensor too large for 32-bit indexing")
+        self.check_token_tiling()
         return self
 
 
@@ -237,4 +246,4 @@ def launch_trellis_tiles(stream, xw: cute.Tensor, tw: cute.Tensor, out: cute.Ten
                                                    stream=stream)
 
 
-__all__ = ["ROW_PAD", "TileGemmConfig", "b_word", "launch_trellis_tiles", "stage_unit"]
+__all__ = ["ROW_PAD", "TileGemmConfig", "TokenTiles", "b_word", "launch_trellis_tiles", "stage_unit"]

@@ -1,7 +1,8 @@
 """Validate the GPU Trellis GEMM kernels on a CUDA machine; writes one JSON report.
 
   python scripts/gpu_validate.py --out $OUT/gpu_validate.json [--budget-s 420] [--quick] [--group]
-  python scripts/gpu_validate.py --memcheck decode|prefill|group|row (under compute-sanitizer)
+  python scripts/gpu_validate.py --memcheck decode|prefill|tiles|wgmma|group|row
+                                                                   (under compute-sanitizer)
   python scripts/gpu_validate.py --sass DIR                    (cubins + cuobjdump SASS)
 
 Sections (each recorded even if another fails):
@@ -129,9 +130,11 @@ def check_gemm(cb, K, k, n, ms):
     bias = jnp.asarray(np.random.default_rng(9).standard_normal(n) * 0.1, jnp.float16)
     w = type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features, w.out_features)
     # every m through the prefill plan, m <= 32 through the decode plan and m > 32 through the
-    # large-token-tile plan ("tiles", ffi/trellis_tiles.py) too
-    cases = [(m, kind) for m in ms
-             for kind in (("decode", "prefill") if m <= 32 else ("tiles", "prefill"))]
+    # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
+    # ffi/trellis_wgmma.py)
+    from exl3_jax.ffi.aot import device_arch
+    big = ("tiles", "wgmma", "prefill") if device_arch() == "sm_90a" else ("tiles", "prefill")
+    cases = [(m, kind) for m in ms for kind in (("decode", "prefill") if m <= 32 else big)]
     plans = [select_plan(m, k, n, force=kind) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
@@ -508,7 +511,8 @@ def run_memcheck(kind: str) -> int:
     k, n = 1024, 512
     w = gb.random_weight(k, n, 3, "mcg")
     bad = 0
-    for m in ((5, 1) if kind == "decode" else (40,)):
+    # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
+    for m in ((5, 1) if kind == "decode" else (200,) if kind in ("tiles", "wgmma") else (40,)):
         plan = select_plan(m, k, n, force=kind)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
         with env_var(tg.ROW_LINEAR_ENV, "0" if m == 1 else "1"):
@@ -580,7 +584,7 @@ def main(argv=None) -> int:
                    help="comma-separated subset of decode_exact,row_linear,group,gemm,dispatch,"
                         "row_scale (default: all; group only with --group)")
     p.add_argument("--m", default=None, help="gemm section's m values (default: the issue's)")
-    p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "group", "row"))
+    p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "wgmma", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")
     p.add_argument("--sass-shapes", default="4096x14336")

@@ -19,19 +19,22 @@ needs_cutlass = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl 
 EXPECTED_SM = {"sm_90a": 90, "sm_120a": 120}
 
 
-def _child(argv, arch: str, timeout: int) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
+def _child(argv, arch: str, timeout: int, env: dict | None = None
+           ) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}), CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
-def check_rows(module: str, cases, arch: str, timeout: int = 600) -> list[dict]:
+def check_rows(module: str, cases, arch: str, timeout: int = 600,
+               env: dict | None = None) -> list[dict]:
     """Run ``python -m module --check cases`` (the compile-only export check of
-    exl3_jax.ffi.aot.check_main) for ``arch``; assert one row per case, each ok with cubins for
-    that arch's SM and no other. Returns the rows (dicts) for further checks."""
-    proc = _child(["-m", module, "--check", json.dumps(cases)], arch, timeout)
+    exl3_jax.ffi.aot.check_main) for ``arch`` (``env``: more environment, e.g. CUTE_DSL_KEEP
+    to keep the cubins); assert one row per case, each ok with cubins for that arch's SM and no
+    other. Returns the rows (dicts) for further checks."""
+    proc = _child(["-m", module, "--check", json.dumps(cases)], arch, timeout, env)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases), proc.stderr[-3000:]
     other = {v for k, v in EXPECTED_SM.items() if k != arch}

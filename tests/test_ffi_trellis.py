@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import helpers_sass
 from helpers_cute import check_rows, last_line_of_script, needs_cutlass
 
 from exl3_jax.format.spec import width_from_rate
@@ -146,6 +147,75 @@ def test_tiles_plan(k, n, m):
     with pytest.raises(ValueError, match="unknown plan kind"):
         from exl3_jax.ops import moe_plans
         moe_plans.moe_plan(m, 8, 128, 2048, 768, kind="tiles")
+
+
+@pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
+@pytest.mark.parametrize("m", [33, 64, 65, 128, 1000, 2049, 4096])
+def test_wgmma_plan(k, n, m):
+    # Forced only: token tiles of 64 / 128 / 256 (wgmma's N), two warpgroups of 64 columns,
+    # whole 4-step chunks per split, the fewest splits giving one CTA per SM.
+    assert plans.select_plan(m, k, n).kind == "prefill"
+    p = plans.select_plan(m, k, n, force="wgmma")
+    assert p.kind == "wgmma" and p.warps == 8
+    assert p.m_tile == (64 if m <= 64 else 128 if m <= 2048 else 256)
+    allowed = [s for s in range(1, 17) if (k // 16) % s == 0 and ((k // 16) // s) % 4 == 0]
+    assert p.splits in allowed
+    ctas = (n // 128) * -(-m // p.m_tile)
+    assert ctas * p.splits >= plans.DEFAULT_SMS or p.splits == allowed[-1]
+    assert all(ctas * s < plans.DEFAULT_SMS for s in allowed if s < p.splits)
+    assert plans.wgmma_plan(m, k, n, tiling=(256, 1, 2)) == plans.TrellisPlan(
+        "wgmma", m, m_tile=256, warps=4, splits=2)
+
+
+@needs_cutlass
+def test_wgmma_stage_swizzle_and_descriptor(rng):
+    # The kernel stores 16-byte unit (row, seg) of a chunk at swizzled_word(row, seg); wgmma
+    # reads B (16 k x m_tile tokens, K-major, 128-byte swizzle) of step kk from the descriptor's
+    # start address: element (token r, k j) at start + (r // 8) * SBO + (r % 8) * 128 + 2 j,
+    # with address bits 4..6 XORed by bits 7..9 (PTX ISA, shared memory matrix layouts). Model
+    # that read and check it returns x[r, 16 kk + j] for every token, step and stage.
+    from exl3_jax.ffi import trellis_wgmma as tw
+    cfg = tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, m_tile=128, warpgroups=2).validate()
+    stage_bytes = cfg.stage_words * 4
+    x = rng.integers(0, 2**16, size=(cfg.m_tile, 16 * tw.K_CHUNK)).astype(np.uint16)
+    words = x.view(np.uint32)                                 # [m_tile, 32]: one chunk
+    base = 3 * 1024                                           # any 1024-aligned address
+    smem = np.zeros(base + tw.STAGES * stage_bytes, np.uint8)
+    units = np.arange(cfg.copy_units * cfg.threads)
+    row, seg = tw.stage_unit(cfg, units)
+    assert sorted(zip(row, seg)) == [(r, s) for r in range(cfg.m_tile) for s in range(8)]
+    stage = 2
+    for r, sg in zip(row, seg):
+        at = base + stage * stage_bytes + tw.swizzled_word(r, sg) * 4
+        smem[at:at + 16] = words[r, 4 * sg:4 * sg + 4].view(np.uint8)
+    desc_hi = tw.DESC_HI
+    assert (desc_hi & 0x3FFF) * 16 == tw.SWIZZLE_ATOM_BYTES and desc_hi >> 30 == 1
+    for kk in range(tw.K_CHUNK):
+        lo = tw.descriptor_lo(base + stage * stage_bytes, kk)
+        assert lo >> 16 == 1                                  # leading byte offset field: 1
+        start = (lo & 0x3FFF) * 16
+        r = np.arange(cfg.m_tile)[:, None]
+        j = np.arange(16)[None, :]
+        logical = start + (r // 8) * tw.SWIZZLE_ATOM_BYTES + (r % 8) * tw.ROW_BYTES + 2 * j
+        physical = logical ^ (((logical >> 7) & 7) << 4)
+        got = smem[physical] | (smem[physical + 1].astype(np.uint16) << 8)
+        np.testing.assert_array_equal(got, x[:, 16 * kk:16 * kk + 16])
+    with pytest.raises(ValueError, match="m_tile 96"):
+        tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, m_tile=96).validate()
+    with pytest.raises(ValueError, match="whole chunks"):
+        tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, splits=32).validate()
+
+
+def test_wgmma_plan_needs_hopper(monkeypatch):
+    # The warpgroup MMA exists on sm_90a only: building the kernel config elsewhere is an error
+    # that names the arch and the alternative, before anything is compiled.
+    from exl3_jax.ffi import aot
+    w = random_weight(np.random.default_rng(0), 512, 256, 4, "mcg")
+    plan = plans.select_plan(100, 512, 256, force="wgmma")
+    for arch in ("sm_120a", None):
+        monkeypatch.setattr(aot, "device_arch", lambda arch=arch: arch)
+        with pytest.raises(ValueError, match="needs a Hopper GPU.*tiles plan"):
+            tg._tiles_config(w, plan)
 
 
 def test_plan_forcing_and_errors(monkeypatch):
@@ -468,7 +538,7 @@ def emulated_kernels(monkeypatch):
 
     def tiles_partials_words(xw, w, plan, out_init=None):
         cfg = tg._tiles_config(w, plan)
-        calls.append(("tiles", cfg))
+        calls.append((plan.kind, cfg))
         xh = jax.lax.bitcast_convert_type(jnp.asarray(xw, jnp.uint32), jnp.float16).reshape(
             cfg.m_pad, w.k).astype(jnp.float32)
         wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
@@ -529,6 +599,8 @@ def emulated_kernels(monkeypatch):
         return jnp.concatenate(ys, axis=1)
 
     monkeypatch.setattr(tg, "_cutlass_jax_ok", lambda: True)
+    from exl3_jax.ffi import aot
+    monkeypatch.setattr(aot, "device_arch", lambda: "sm_90a")       # the wgmma plan's check
     for name, fn in (("mma_partials_words", mma_partials_words), ("hadamard_in", hadamard_in),
                      ("row_linear", row_linear),
                      ("mma_group_partials_words", mma_group_partials_words),
@@ -542,7 +614,7 @@ def emulated_kernels(monkeypatch):
 @pytest.mark.parametrize("transforms", ["cute", "xla"])
 @pytest.mark.parametrize("m,kind", [(1, "decode"), (5, "decode"), (32, "decode"),
                                     (33, "prefill"), (3, "prefill"), (70, "tiles"),
-                                    (40, "tiles")])
+                                    (40, "tiles"), (70, "wgmma"), (300, "wgmma")])
 @pytest.mark.parametrize("codebook,K", [("mul1", 3.5), ("mcg", 3)])   # packed / split B words
 def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms, codebook, K):
     w = random_weight(rng, 512, 256, K, codebook, bias=True)
@@ -855,6 +927,58 @@ def test_compile_only_tiles_kernels(arch):
              ("3inst", 2, 200, "tiles", 512, 256)]
     for row in check_rows("exl3_jax.ffi.aot", cases, arch):
         assert row["calls"] == 3 and "_trellis_tiles_kernel" in row["kernels"], row
+
+
+@needs_cutlass
+def test_compile_only_wgmma_kernels(tmp_path):
+    # The warpgroup-MMA plan (forced, sm_90a only): every token tile (64, 128, 256), one and two
+    # token tiles, packed pairs of every codebook, a half-integer rate. Then its SASS: wgmma
+    # reads A registers and writes the accumulators after issue, so a compiled schedule that
+    # rewrites an A register, or touches an accumulator, before the WARPGROUP.DEPBAR retiring
+    # that HGMMA, or stores a stage without the async-proxy fence before the barrier, would be
+    # silently wrong on the GPU (helpers_sass).
+    cases = [("mcg", 4, 128, "wgmma", 1024, 512), ("mul1", 3.5, 40, "wgmma", 512, 1024),
+             ("3inst", 2, 300, "wgmma", 512, 256), ("mcg", 6, 4096, "wgmma", 1024, 256),
+             ("mcg", 3, 1024, "wgmma", 4096, 1024)]           # 64 chunks: the loop's back edge
+    rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
+                      env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
+    for row in rows:
+        assert row["calls"] == 3 and "_trellis_wgmma_kernel" in row["kernels"], row
+    if helpers_sass.nvdisasm() is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    kernels = [code for code in (helpers_sass.disassemble(str(p))
+                                 for p in sorted(tmp_path.glob("*.cubin")))
+               if any("HGMMA" in ins for _, ins in code)]
+    assert len(kernels) == len(cases)
+    for code in kernels:
+        hgmma = [ins for _, ins in code if "HGMMA" in ins]
+        assert len(hgmma) >= 4 and all(", R" in ins.split("gdesc")[0] for ins in hgmma)
+        assert helpers_sass.async_register_breaches(code) == []
+        assert helpers_sass.unfenced_shared_stores(code) == []
+
+
+def test_sass_checks_catch_breaches():
+    # The checks above on hand-written schedules: each breach is reported, the safe one is not.
+    ok = [("", "WARPGROUP.ARRIVE"), ("", "HGMMA.64x64x16.F32 R24, R96, gdesc[UR4], R24, gsb0"),
+          ("", "WARPGROUP.DEPBAR.LE gsb0, 0x0"), ("", "IMAD R96, R1, 0x2, RZ"),
+          ("", "STS.128 [R2+UR4], R4"), ("", "FENCE.VIEW.ASYNC.S"),
+          ("", "BAR.SYNC.DEFER_BLOCKING 0x0"), ("", "STG.E desc[UR6][R8.64], R24")]
+    assert helpers_sass.async_register_breaches(ok) == []
+    assert helpers_sass.unfenced_shared_stores(ok) == []
+    early_a = ok[:2] + [("", "IMAD R97, R1, 0x2, RZ")] + ok[2:]
+    early_acc = ok[:2] + [("", "FADD R3, R55, R1")] + ok[2:]
+    refill = ("", "HGMMA.64x64x16.F32 R24, R96, gdesc[UR4], R24, gsb0")   # no ARRIVE before
+    no_fence = ok[:4] + [refill] + ok[2:]
+    assert helpers_sass.async_register_breaches(early_a) == ["IMAD R97, R1, 0x2, RZ"]
+    assert helpers_sass.async_register_breaches(early_acc) == ["FADD R3, R55, R1"]
+    assert helpers_sass.async_register_breaches(no_fence) == [refill[1]]
+    assert helpers_sass.unfenced_shared_stores(ok[:5] + ok[6:]) == ["STS.128 [R2+UR4], R4"]
+    # a loop: the write at the top of the body hits the HGMMA issued at its bottom (pending
+    # across the back edge)
+    loop = [("", "WARPGROUP.ARRIVE"), (".L_x_0", "IMAD R96, R1, 0x2, RZ"),
+            ("", "WARPGROUP.ARRIVE"), ("", "HGMMA.64x64x16.F32 R24, R96, gdesc[UR4], R24, gsb0"),
+            ("", "@P0 BRA `(.L_x_0)"), ("", "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+    assert helpers_sass.async_register_breaches(loop) == ["IMAD R96, R1, 0x2, RZ"] * 2
 
 
 @needs_cutlass

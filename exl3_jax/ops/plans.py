@@ -9,6 +9,8 @@ Plan kinds:
     rows (m_tile = m rounded up to 8), so every weight tile is decoded exactly once.
   * "tiles" (forced only, not yet measured): the large-token-tile MMA kernel
     (ffi/trellis_tiles.py): each weight tile decoded once per 64 or 128 tokens.
+  * "wgmma" (forced only, not yet measured; Hopper only): the same decode-once-per-token-tile
+    scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 64-256.
   * "prefill" (m > DECODE_MAX_M): the dequantize kernel writes W_hat^T (fp16) and XLA runs the
     GEMM. Chosen over the MMA kernel with more token tiles because that kernel re-decodes the
     weights once per 32 tokens; the crossover is to be re-measured on the H200 (bench/NOTES.md).
@@ -23,13 +25,13 @@ DEFAULT_SMS = 132          # H200
 TILES_PER_CTA = 128        # decode plan: weight tiles per CTA and token group (see decode_plan)
 MIN_CTAS = 256             # decode plan: smallest grid worth splitting K for, on DEFAULT_SMS SMs
 MAX_SPLITS = 16
-PLAN_KINDS = ("decode", "prefill", "tiles")
+PLAN_KINDS = ("decode", "prefill", "tiles", "wgmma")
 TILES_MAX_SPLITS = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class TrellisPlan:
-    kind: str                  # "decode" | "prefill" | "tiles"
+    kind: str                  # "decode" | "prefill" | "tiles" | "wgmma"
     m: int                     # valid rows
     # decode (MMA kernel) parameters
     m_tile: int = 0
@@ -115,6 +117,24 @@ def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
                        unroll=chunk)
 
 
+def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
+               tiling: tuple | None = None) -> TrellisPlan:
+    """Warpgroup-MMA plan (ffi/trellis_wgmma.py; Hopper only, meant for 32 < m): token tiles of
+    64 (m <= 64), 128 (m <= 2048) or 256 (wgmma's N; m_tile / 2 accumulators per lane), two
+    warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
+    4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM. Not measured yet:
+    only used when forced. ``tiling``: (m_tile, warpgroups, splits) instead (a tuning aid)."""
+    k16, n16 = k // 16, n // 16
+    if tiling:
+        m_tile, warpgroups, splits = tiling
+        return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits)
+    m_tile = 64 if m <= 64 else 128 if m <= 2048 else 256
+    ctas = (n16 // 8) * -(-m // m_tile)
+    allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % 4 == 0]
+    splits = next((s for s in allowed if ctas * s >= sms), allowed[-1])
+    return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits)
+
+
 def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS) -> str:
     """``force`` if given (checked against ``kinds``), else "decode" for m <= DECODE_MAX_M rows
     and "prefill" above; shared by the dense and the MoE plans (which have no "tiles")."""
@@ -137,4 +157,6 @@ def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         return decode_plan(m, k, n, sms=sms)
     if kind == "tiles":
         return tiles_plan(m, k, n, sms=sms)
+    if kind == "wgmma":
+        return wgmma_plan(m, k, n, sms=sms)
     return prefill_plan(m, k, n, sms=sms)

@@ -1,7 +1,10 @@
-# Call 3 (~10 min, in order of value; the limit may cut the tail): end-to-end decode, change 7
-# (byte windows) against the tree before it, the "pairs" layout for the packed kernels
-# (validation, then A/B), the tiles plan (A/B), memcheck of the row linear and tiles plans.
+# Call 3 (~10 min, in order of value; the limit may cut the tail): the token-tile plans against
+# the prefill plan (wgmma and tiles, m = 64..4096), end-to-end decode, change 7 (byte windows)
+# against the tree before it, the wgmma token tile at m = 1024, the "pairs" layout for the packed
+# kernels (validation, then A/B), memcheck of the row linear and tiles plans.
 CALL=call3
+timeout 200 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PLAN --values 'prefill|wgmma|tiles|prefill|wgmma|tiles' --shapes 14336x4096,4096x14336,8192x28672 --K 4 --codebooks mcg --m 64,128,1024,4096 --out $RES/3_ab_plans.json > $RES/3_ab_plans.log 2>&1
+t "ab plans rc=$?"; grep '^{' $RES/3_ab_plans.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_plans.log | head; save
 (cd scripts && timeout 230 python3 gpu_e2e_decode.py --cases dense:1:512,moe:1:512,moe:8:64 --codebook mcg --budget-s 200 --hard-limit-s 225 --out $RES/3_e2e.json > $RES/3_e2e.log 2>&1)
 t "e2e rc=$?"; grep -E "^dense|^moe|tok/s" $RES/3_e2e.log | cut -c1-200 | head -12; save
 for round in 1 2; do
@@ -12,12 +15,12 @@ for round in 1 2; do
   done
 done
 tree here
+EXL3_JAX_PLAN=wgmma timeout 90 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_WGMMA --values '128,2,1|256,2,1|128,1,1|128,2,1|256,2,1|128,1,1' --shapes 14336x4096,4096x14336 --K 4 --codebooks mcg --m 1024 --out $RES/3_ab_wgmma_tile.json > $RES/3_ab_wgmma_tile.log 2>&1
+t "ab wgmma tile rc=$?"; grep '^{' $RES/3_ab_wgmma_tile.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_wgmma_tile.log | head; save
 EXL3_JAX_PAIR_FRAGMENTS=1 timeout 100 python3 scripts/gpu_validate.py --quick --group --no-bench --sections gemm,group --m 9,16,31,32 --budget-s 80 --out $RES/3_validate_pairs.json > $RES/3_validate_pairs.log 2>&1
 t "validate pairs rc=$?"; grep SUMMARY $RES/3_validate_pairs.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/3_validate_pairs.log | head -5 | cut -c1-300; save
 timeout 90 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PAIR_FRAGMENTS --values '0|1|0|1' --shapes 8192x28672,4096x14336 --K 4 --codebooks mcg,mul1 --m 16,32 --out $RES/3_ab_pairs.json > $RES/3_ab_pairs.log 2>&1
 t "ab pairs rc=$?"; grep '^{' $RES/3_ab_pairs.log | cut -c1-200; grep -i "Traceback" -A3 $RES/3_ab_pairs.log | head; save
-timeout 90 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PLAN --values 'prefill|tiles|prefill|tiles' --shapes 14336x4096,4096x14336 --K 4 --codebooks mcg --m 64,128,1024 --out $RES/3_ab_tiles.json > $RES/3_ab_tiles.log 2>&1
-t "ab tiles rc=$?"; grep '^{' $RES/3_ab_tiles.log | cut -c1-200; grep -i "Traceback" -A3 $RES/3_ab_tiles.log | head; save
 for plan in tiles row; do
 XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 60 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate.py --memcheck $plan > $RES/3_memcheck_$plan.log 2>&1
 t "memcheck $plan rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $RES/3_memcheck_$plan.log | tr '\n' ' ')"; save

@@ -1,0 +1,293 @@
+"""Trellis GEMM on Hopper's warpgroup MMA (wgmma, sm_90a only): weights decoded in registers
+straight into wgmma's A operand, token tiles of 64-256 staged in shared memory (the "wgmma" plan).
+
+    partial[s, m, n] = sum over split s's k16 steps of  xh[m, k16 step] @ W_hat[k16 step, n]
+
+Why: from m ~ 64 up the tensor core, not the decode, is what a Trellis GEMM can be bound by, and
+mma.sync reaches about half of the H200's fp16 rate (bench/NOTES.md: the tiles kernel's floor).
+wgmma takes A from registers, and its per-warp A fragment (rows 16w..16w+15 of the 64 for warp
+w of the warpgroup) has mma.sync m16n8k16's layout, i.e. the EXL3 in-tile order: each warp
+decodes one 16x16 trellis tile per k16 step into its 4 A registers with the decode kernels'
+arithmetic (cute_ops.decode_words, packed pairs), and one wgmma multiplies the warpgroup's 64
+output columns into all m_tile tokens of the CTA. Decoding per CTA (not per 8 tokens) makes the
+decode ALU cost m_tile / 8 times smaller per multiply-add than the decode plan's.
+
+Tiling (WgmmaGemmConfig): a CTA of ``warpgroups`` warpgroups owns 64 * warpgroups output columns
+(warp w: n16 tile bx * 4 * warpgroups + w), m_tile tokens (wgmma's N) and one K-split. Activations
+go through a ring of 3 shared-memory stages of k_chunk = 4 k16 steps (64 k: one 128-byte row per
+token, the canonical K-major 128-byte-swizzle layout that wgmma's B descriptor reads). A chunk's
+activation words and weight words are loaded into registers at its start, written to the stage
+after next at its end (then fence.proxy.async and one barrier). Three stages because a warpgroup
+keeps one wgmma in flight (wait_group 1 after each issue): when any warp writes stage
+(c + 1) % 3 at the end of chunk c, every warpgroup is past chunk c - 1's barrier, so chunk c - 2
+(the stage's last reader) has retired everywhere.
+
+Per k16 step a warp: decodes the tile (overlapping the warpgroup's wgmma in flight), wgmma.fence,
+one wgmma m64n{m_tile}k16 (A: its 4 registers; B: the stage's descriptor advanced by 32 bytes per
+step), commit, wait_group 1. The wait names the previous step's A registers as inputs, so they
+stay allocated until that wgmma has read them; the final wait_group 0 ties the accumulators
+before the epilogue reads them.
+
+Layout contract (flat, sizes static):
+  xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, row-major, zero padded rows (the input
+                                  transform's "rows" layout, as the tiles plan)
+  tw:  uint32 [k/16, n/16, W/2]   the trellis words
+  out: float32 [splits, m_pad, n] K-split partial sums (the output transform sums them)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .cute_ops import cta_thread_ids, decode_words, lane_funnels, load_tile_words, load_words_v4
+from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
+from .trellis_tiles import TokenTiles
+
+ARCH = "sm_90a"        # wgmma exists on Hopper only (sm_120a has mma.sync: the tiles plan)
+K_CHUNK = 4            # k16 steps per stage: 64 fp16 = one 128-byte swizzle row per token
+STAGES = 3             # the ring depth the retirement argument above needs
+ROW_BYTES = 128
+SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
+M_TILES = (64, 128, 256)               # wgmma N values used (accumulators: m_tile / 2 per lane)
+# Matrix descriptor (PTX ISA, "Matrix Descriptor Format"), high word: stride byte offset 1024 >> 4
+# in bits 32..45, swizzle mode 1 (128-byte) in bits 62..63; low word: leading byte offset 1 (not
+# used by swizzled K-major layouts) in bits 16..29 and the start address >> 4 in bits 0..13.
+DESC_HI = (SWIZZLE_ATOM_BYTES >> 4) | (1 << 30)
+DESC_LO_FLAGS = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class WgmmaGemmConfig(TokenTiles):
+    """Every compile-time parameter of the wgmma Trellis GEMM."""
+    codebook: str
+    K: float
+    m_blocks: int          # CTA token tiles (grid z)
+    k: int
+    n: int
+    m_tile: int = 128      # tokens per CTA = wgmma's N (M_TILES)
+    warpgroups: int = 2    # 64 output columns each
+    splits: int = 1        # K-splits (grid y)
+
+    chunk_steps = K_CHUNK
+
+    @property
+    def cta_n16(self) -> int:
+        return 4 * self.warpgroups
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    @property
+    def acc_regs(self) -> int:
+        return self.m_tile // 2
+
+    @property
+    def stage_words(self) -> int:
+        return self.m_tile * ROW_BYTES // 4
+
+    def validate(self) -> "WgmmaGemmConfig":
+        if self.m_tile not in M_TILES:
+            raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
+        if self.warpgroups not in (1, 2):
+            raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
+        self.check_token_tiling()
+        return self
+
+
+def stage_unit(cfg: WgmmaGemmConfig, unit):
+    """(token row, 16-byte segment of its 128-byte chunk row) of copy unit ``unit``. Plain
+    integer arithmetic (DSL integers in the kernel, numpy in the tests)."""
+    return unit // (ROW_BYTES // 16), unit % (ROW_BYTES // 16)
+
+
+def swizzled_word(row, seg):
+    """First uint32 word, within a stage, of 16-byte segment ``seg`` of token ``row``: the
+    128-byte swizzle puts segment s of row r at segment s ^ (r % 8) (address bits 4..6 XOR bits
+    7..9, as wgmma applies it to the 1024-byte aligned stage)."""
+    return row * (ROW_BYTES // 4) + (seg ^ (row % 8)) * 4
+
+
+def descriptor_lo(stage_address, kk):
+    """Low word of the B descriptor of k16 step kk of the stage at shared address
+    ``stage_address`` (1024-byte aligned): the start address advances 32 bytes per step inside
+    the swizzle row, the hardware swizzles the rest."""
+    return (((stage_address + kk * 32) >> 4) & 0x3FFF) | DESC_LO_FLAGS
+
+
+@dsl_user_op
+def _st_shared_v4(address, words, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip)]
+                    + [Uint32(w).ir_value(loc=loc, ip=ip) for w in words],
+                    "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _ptx(body: str, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(None, [], body, "~{memory}", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def wgmma_fence():
+    _ptx("wgmma.fence.sync.aligned;")
+
+
+def wgmma_commit():
+    _ptx("wgmma.commit_group.sync.aligned;")
+
+
+def proxy_fence_shared():
+    """Ordinary shared-memory stores made visible to the async proxy (wgmma's operand reads)."""
+    _ptx("fence.proxy.async.shared::cta;")
+
+
+@dsl_user_op
+def wgmma_rs(acc, a, desc_lo, *, loc=None, ip=None) -> list:
+    """acc += A (this warp's 16 rows of 64 x 16, 4 f16x2 registers) @ B (16 x N from the
+    K-major 128-byte-swizzled descriptor), N = 2 * len(acc), fp32 accumulators (asynchronous:
+    read acc only after wgmma_wait)."""
+    n_acc = len(acc)
+    d = ", ".join(f"${i}" for i in range(n_acc))
+    ai = 2 * n_acc
+    body = ("{\n .reg .pred p;\n .reg .b64 desc;\n .reg .b32 hi;\n"
+            f" setp.ne.b32 p, ${ai + 5}, 0;\n"
+            f" mov.b32 hi, {DESC_HI};\n"
+            f" mov.b64 desc, {{${ai + 4}, hi}};\n"
+            f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
+            f"{{${ai}, ${ai + 1}, ${ai + 2}, ${ai + 3}}}, desc, p, 1, 1, 0;\n}}")
+    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+                + [Uint32(v).ir_value(loc=loc, ip=ip) for v in a]
+                + [Uint32(desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
+    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 6)
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
+                          constraints + ",~{memory}", has_side_effects=True,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+
+
+@dsl_user_op
+def wgmma_wait_a(pending: int, a, *, loc=None, ip=None) -> None:
+    """wait_group ``pending``; the A registers ``a`` (of the wgmma this wait retires) are inputs,
+    so they stay allocated until here."""
+    llvm.inline_asm(None, [Uint32(v).ir_value(loc=loc, ip=ip) for v in a],
+                    f"wgmma.wait_group.sync.aligned {pending};",
+                    ",".join(["r"] * len(a)) + ",~{memory}", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def wgmma_wait_acc(acc, *, loc=None, ip=None) -> list:
+    """wait_group 0 with the accumulators tied through it: their later reads follow it."""
+    n_acc = len(acc)
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc),
+                          [Float32(v).ir_value(loc=loc, ip=ip) for v in acc],
+                          "wgmma.wait_group.sync.aligned 0;",
+                          ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)])
+                          + ",~{memory}", has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+
+
+def _load_stage(xw, m0, ks, tid, cfg):
+    """This thread's copy units of the chunk starting at k16 step ks (one 16-byte load each)."""
+    words = []
+    for i in range(cfg.copy_units):
+        row, seg = stage_unit(cfg, tid + i * cfg.threads)
+        words.append(load_words_v4(xw, (m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4))
+    return words
+
+
+def _store_stage(stage_address, words, tid, cfg):
+    for i in range(cfg.copy_units):
+        row, seg = stage_unit(cfg, tid + i * cfg.threads)
+        _st_shared_v4(stage_address + swizzled_word(row, seg) * 4, words[i])
+
+
+def _chunk_weight_words(tw, ks, tn, funnels, geo, cfg):
+    """Flat weight words of the warp's tiles (ks + kk, tn), kk < K_CHUNK."""
+    return [v for kk in range(K_CHUNK)
+            for pair in load_tile_words(tw, ((ks + kk) * cfg.n16 + tn) * geo.words, funnels, geo)
+            for v in pair]
+
+
+@cute.kernel
+def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
+                          cfg: cutlass.Constexpr):
+    geo = lane_geometry(cfg.K)
+    tid, lane, warp, (bx, by, bz) = cta_thread_ids()
+    tn = bx * cfg.cta_n16 + warp
+    m0 = bz * cfg.m_tile
+    ks0 = by * cfg.k_per_split
+    funnels = lane_funnels(geo, lane)
+    stages = cutlass.memory.SmemAllocator().allocate_tensor(
+        Uint32, cute.make_layout(STAGES * cfg.stage_words), SWIZZLE_ATOM_BYTES)
+    base = stages.iterator.toint()
+    stage_bytes = cfg.stage_words * 4
+    g2 = geo.groups * 2
+    nw = K_CHUNK * g2
+    acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
+    for i in cutlass.range_constexpr(cfg.acc_regs):
+        acc[i] = Float32(0.0)
+    wreg = cute.make_rmem_tensor((nw,), Uint32)       # the chunk's weight words, across steps
+    a_prev = cute.make_rmem_tensor((4,), Uint32)      # A registers of the wgmma in flight
+
+    _store_stage(base, _load_stage(xw, m0, ks0, tid, cfg), tid, cfg)
+    for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):
+        wreg[i] = v
+    for i in cutlass.range_constexpr(4):
+        a_prev[i] = Uint32(0)
+    proxy_fence_shared()
+    cute.arch.sync_threads()
+    for c in cutlass.range(cfg.chunks):
+        address = base + (c % STAGES) * stage_bytes
+        # The next chunk's loads (the last chunk re-loads itself: in bounds, never read).
+        kn = ks0 + cutlass.min(c + 1, cfg.chunks - 1) * K_CHUNK
+        xnext = _load_stage(xw, m0, kn, tid, cfg)
+        wnext = _chunk_weight_words(tw, kn, tn, funnels, geo, cfg)
+        for kk in cutlass.range_constexpr(K_CHUNK):
+            words = [(wreg[kk * g2 + 2 * q], wreg[kk * g2 + 2 * q + 1])
+                     for q in range(geo.groups)]
+            h = decode_words(words, funnels, geo, cfg.codebook)
+            a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+            wgmma_fence()
+            d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, descriptor_lo(address, kk))
+            for i in cutlass.range_constexpr(cfg.acc_regs):
+                acc[i] = d[i]
+            wgmma_commit()
+            wgmma_wait_a(1, [a_prev[i] for i in range(4)])
+            for i in cutlass.range_constexpr(4):
+                a_prev[i] = a[i]
+        for i in cutlass.range_constexpr(nw):
+            wreg[i] = wnext[i]
+        _store_stage(base + ((c + 1) % STAGES) * stage_bytes, xnext, tid, cfg)
+        proxy_fence_shared()
+        cute.arch.sync_threads()
+
+    d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
+    # D fragment of warp w: rows 16w + lane // 4 (+ 8 for registers 2, 3 of each 4) of the
+    # warpgroup's 64 = output columns; register 4j + r at token 8j + 2 (lane % 4) + r % 2.
+    for j in cutlass.range_constexpr(cfg.m_tile // 8):
+        for r in cutlass.range_constexpr(4):
+            col = tn * 16 + lane // 4 + 8 * (r // 2)
+            tok = m0 + 8 * j + 2 * (lane % 4) + r % 2
+            out[(by * cfg.m_pad + tok) * cfg.n + col] = d[4 * j + r]
+
+
+@cute.jit
+def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
+                         cfg: cutlass.Constexpr):
+    """cutlass_call entry (as trellis_tiles.launch_trellis_tiles)."""
+    _trellis_wgmma_kernel(xw, tw, out, cfg).launch(grid=cfg.grid, block=(cfg.threads, 1, 1),
+                                                   stream=stream)
+
+
+__all__ = ["ARCH", "K_CHUNK", "M_TILES", "STAGES", "WgmmaGemmConfig", "descriptor_lo",
+           "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

@@ -1,0 +1,123 @@
+"""Static checks of CPU-compiled SASS (nvdisasm text) for the asynchronous warpgroup MMA.
+
+wgmma (SASS HGMMA) reads its A registers and writes its accumulators after it issues, until a
+WARPGROUP.DEPBAR retires it; shared memory written by ordinary stores must be fenced to the
+async proxy (FENCE.VIEW.ASYNC.S) before the barrier that hands it to the tensor core. Nothing at
+run time reports a breach (the result is silently wrong), so these checks read the compiled code
+itself; each returns the offending instructions (empty: none).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+
+_INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_REG = re.compile(r"\bR(\d+)\b")
+_NO_DEST = ("ST", "BAR", "BRA", "HGMMA", "WARPGROUP", "MEMBAR", "FENCE", "EXIT", "RET", "NOP",
+            "WARPSYNC", "DEPBAR", "BSYNC", "BSSY", "RED", "ATOM")
+
+
+def nvdisasm() -> str | None:
+    """The nvdisasm binary: on PATH, or from the nvidia-cuda-nvdisasm wheel."""
+    if found := shutil.which("nvdisasm"):
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for sub in ("cu13", "cu12", "cuda_nvdisasm"):
+            path = os.path.join(root, sub, "bin", "nvdisasm")
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def disassemble(cubin: str) -> list[tuple[str, str]]:
+    """(label or "", instruction text) per instruction of a cubin, in address order; a label
+    marks the instruction it precedes."""
+    text = subprocess.run([nvdisasm(), "-c", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    out, label = [], ""
+    for line in text.splitlines():
+        if m := re.match(r"(\.L_x_\d+):", line):
+            label = m.group(1)
+        elif m := _INSTR.match(line):
+            out.append((label, m.group(2)))
+            label = ""
+    return out
+
+
+def destinations(ins: str) -> set[int]:
+    """Registers an instruction writes (its first operand; 2 for .64 / WIDE, 4 for .128)."""
+    body = ins.split(None, 1)[1] if ins.startswith("@") else ins
+    op, _, rest = body.partition(" ")
+    if op.startswith(_NO_DEST):
+        return set()
+    m = re.match(r"R(\d+)$", rest.split(",")[0].strip())
+    if not m:
+        return set()
+    width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+    return set(range(int(m.group(1)), int(m.group(1)) + width))
+
+
+def unrolled(instrs: list[tuple[str, str]], passes: int = 3) -> list[str]:
+    """The instruction stream with every backward-branch loop body repeated ``passes`` times
+    (so hazards that cross the back edge show), labels dropped."""
+    seq = [ins for _, ins in instrs]
+    for i, (_, ins) in enumerate(instrs):
+        m = re.search(r"@!?U?P\d+ BRA `\((\.L_x_\d+)\)", ins)
+        if m:
+            start = next((j for j, (lab, _) in enumerate(instrs) if lab == m.group(1)), None)
+            if start is not None and start <= i:
+                body = seq[start:i + 1]
+                return seq[:i + 1] + body * (passes - 1) + seq[i + 1:]
+    return seq
+
+
+def _hgmma_regs(ins: str) -> tuple[set[int], set[int]]:
+    """(accumulator registers, A registers) of an HGMMA with A from registers."""
+    m = re.search(r"HGMMA\.64x(\d+)x16\S* R(\d+), R(\d+),", ins)
+    n, d, a = (int(v) for v in m.groups())
+    return set(range(d, d + n // 2)), set(range(a, a + 4))
+
+
+def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
+    """Instructions that write an A register of an HGMMA not yet retired, touch an
+    accumulator of one, or issue an HGMMA whose A registers were written after the last
+    WARPGROUP.ARRIVE (wgmma.fence)."""
+    pending, bad = [], []
+    written_since_arrive: set[int] = set()
+    for ins in unrolled(instrs):
+        if "HGMMA" in ins:
+            acc, a = _hgmma_regs(ins)
+            if a & written_since_arrive:
+                bad.append(ins)
+            pending.append((acc, a))
+        elif "WARPGROUP.DEPBAR.LE" in ins:
+            keep = int(ins.split(",")[-1], 16)
+            pending = pending[len(pending) - keep:] if keep else []
+        elif "WARPGROUP.ARRIVE" in ins:
+            written_since_arrive = set()
+        else:
+            regs = {int(r) for r in _REG.findall(ins)}
+            dest = destinations(ins)
+            written_since_arrive |= dest
+            if any(dest & a or regs & acc for acc, a in pending):
+                bad.append(ins)
+    return bad
+
+
+def unfenced_shared_stores(instrs: list[tuple[str, str]]) -> list[str]:
+    """Shared-memory stores not followed by FENCE.VIEW.ASYNC.S before the next barrier."""
+    bad, open_stores = [], []
+    for _, ins in instrs:
+        if ins.startswith("STS"):
+            open_stores.append(ins)
+        elif "FENCE.VIEW.ASYNC.S" in ins:
+            open_stores = []
+        elif ins.startswith("BAR.SYNC"):
+            bad += open_stores
+            open_stores = []
+    return bad
