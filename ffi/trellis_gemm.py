@@ -37,7 +37,8 @@ Environment:
                                               default 0, not measured yet).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits   the wgmma plan's tiling (a tuning aid).
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,async_copy]
+                                              the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -111,9 +112,8 @@ def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPla
                        force=None if force == "auto" else force)
     tiling = os.environ.get({"tiles": TILES_ENV, "wgmma": WGMMA_ENV}.get(plan.kind, ""), "")
     if tiling:
-        from exl3_jax.ops.plans import tiles_plan, wgmma_plan
-        plan = {"tiles": tiles_plan, "wgmma": wgmma_plan}[plan.kind](
-            m, weight.k, weight.n, tiling=tuple(int(v) for v in tiling.split(",")))
+        from exl3_jax.ops.plans import tiled_plan
+        plan = tiled_plan(plan.kind, m, weight.k, weight.n, tiling)
     return plan
 
 
@@ -272,7 +272,7 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
         return WgmmaGemmConfig(codebook=weight.codebook, K=weight.K,
                                m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
                                m_tile=plan.m_tile, warpgroups=plan.warps // 4,
-                               splits=plan.splits).validate()
+                               splits=plan.splits, async_copy=plan.async_copy).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,
                           m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,

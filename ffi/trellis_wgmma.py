@@ -41,7 +41,7 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32
+from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -52,6 +52,7 @@ from .trellis_tiles import TokenTiles
 ARCH = "sm_90a"        # wgmma exists on Hopper only (sm_120a has mma.sync: the tiles plan)
 K_CHUNK = 4            # k16 steps per stage: 64 fp16 = one 128-byte swizzle row per token
 STAGES = 3             # the ring depth the retirement argument above needs
+ASYNC_STAGES = 4       # async_copy: chunk c + 2 lands in the stage chunk c - 2 read
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
 M_TILES = (64, 128, 256)               # wgmma N values used (accumulators: m_tile / 2 per lane)
@@ -73,8 +74,16 @@ class WgmmaGemmConfig(TokenTiles):
     m_tile: int = 128      # tokens per CTA = wgmma's N (M_TILES)
     warpgroups: int = 2    # 64 output columns each
     splits: int = 1        # K-splits (grid y)
+    # Activations by cp.async straight into a 4-deep ring, two chunks ahead (the weights' words
+    # two chunks ahead in registers), instead of through registers one chunk ahead: more bytes
+    # in flight per warp and 16 staging registers fewer (m_tile 128). Not measured: an A/B.
+    async_copy: bool = False
 
     chunk_steps = K_CHUNK
+
+    @property
+    def stages(self) -> int:
+        return ASYNC_STAGES if self.async_copy else STAGES
 
     @property
     def cta_n16(self) -> int:
@@ -131,6 +140,16 @@ def _st_shared_v4(address, words, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def _cp_async_16(address, src, *, loc=None, ip=None) -> None:
+    """16 bytes global -> shared (L2 only), completing asynchronously (cp.async groups)."""
+    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip),
+                           Int64(src).ir_value(loc=loc, ip=ip)],
+                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def _ptx(body: str, *, loc=None, ip=None) -> None:
     llvm.inline_asm(None, [], body, "~{memory}", has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
@@ -142,6 +161,14 @@ def wgmma_fence():
 
 def wgmma_commit():
     _ptx("wgmma.commit_group.sync.aligned;")
+
+
+def cp_async_commit():
+    _ptx("cp.async.commit_group;")
+
+
+def cp_async_wait(pending: int):
+    _ptx(f"cp.async.wait_group {pending};")
 
 
 def proxy_fence_shared():
@@ -211,11 +238,41 @@ def _store_stage(stage_address, words, tid, cfg):
         _st_shared_v4(stage_address + swizzled_word(row, seg) * 4, words[i])
 
 
+def _copy_stage_async(xw, m0, ks, stage_address, tid, cfg):
+    """This thread's copy units of the chunk starting at k16 step ks, by cp.async into the
+    stage (one group per call)."""
+    src = xw.iterator.toint()
+    for i in range(cfg.copy_units):
+        row, seg = stage_unit(cfg, tid + i * cfg.threads)
+        _cp_async_16(stage_address + swizzled_word(row, seg) * 4,
+                     src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
+    cp_async_commit()
+
+
 def _chunk_weight_words(tw, ks, tn, funnels, geo, cfg):
     """Flat weight words of the warp's tiles (ks + kk, tn), kk < K_CHUNK."""
     return [v for kk in range(K_CHUNK)
             for pair in load_tile_words(tw, ((ks + kk) * cfg.n16 + tn) * geo.words, funnels, geo)
             for v in pair]
+
+
+def _mma_chunk(acc, a_prev, wreg, address, funnels, geo, cfg):
+    """The chunk's K_CHUNK steps: decode the warp's tile into A, one wgmma each against the
+    stage at ``address``, one in flight (acc, a_prev, wreg: register tensors). Plain Python
+    inlined at trace time, hence ``range``: the DSL preprocessor rewrites only the kernels."""
+    g2 = geo.groups * 2
+    for kk in range(K_CHUNK):
+        words = [(wreg[kk * g2 + 2 * q], wreg[kk * g2 + 2 * q + 1]) for q in range(geo.groups)]
+        h = decode_words(words, funnels, geo, cfg.codebook)
+        a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+        wgmma_fence()
+        d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, descriptor_lo(address, kk))
+        for i in range(cfg.acc_regs):
+            acc[i] = d[i]
+        wgmma_commit()
+        wgmma_wait_a(1, [a_prev[i] for i in range(4)])
+        for i in range(4):
+            a_prev[i] = a[i]
 
 
 @cute.kernel
@@ -227,49 +284,66 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     m0 = bz * cfg.m_tile
     ks0 = by * cfg.k_per_split
     funnels = lane_funnels(geo, lane)
-    stages = cutlass.memory.SmemAllocator().allocate_tensor(
-        Uint32, cute.make_layout(STAGES * cfg.stage_words), SWIZZLE_ATOM_BYTES)
-    base = stages.iterator.toint()
+    smem = cutlass.memory.SmemAllocator().allocate_tensor(
+        Uint32, cute.make_layout(cfg.stages * cfg.stage_words), SWIZZLE_ATOM_BYTES)
+    base = smem.iterator.toint()
     stage_bytes = cfg.stage_words * 4
-    g2 = geo.groups * 2
-    nw = K_CHUNK * g2
+    nw = K_CHUNK * geo.groups * 2
     acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
     for i in cutlass.range_constexpr(cfg.acc_regs):
         acc[i] = Float32(0.0)
     wreg = cute.make_rmem_tensor((nw,), Uint32)       # the chunk's weight words, across steps
     a_prev = cute.make_rmem_tensor((4,), Uint32)      # A registers of the wgmma in flight
-
-    _store_stage(base, _load_stage(xw, m0, ks0, tid, cfg), tid, cfg)
-    for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):
-        wreg[i] = v
     for i in cutlass.range_constexpr(4):
         a_prev[i] = Uint32(0)
-    proxy_fence_shared()
-    cute.arch.sync_threads()
-    for c in cutlass.range(cfg.chunks):
-        address = base + (c % STAGES) * stage_bytes
-        # The next chunk's loads (the last chunk re-loads itself: in bounds, never read).
-        kn = ks0 + cutlass.min(c + 1, cfg.chunks - 1) * K_CHUNK
-        xnext = _load_stage(xw, m0, kn, tid, cfg)
-        wnext = _chunk_weight_words(tw, kn, tn, funnels, geo, cfg)
-        for kk in cutlass.range_constexpr(K_CHUNK):
-            words = [(wreg[kk * g2 + 2 * q], wreg[kk * g2 + 2 * q + 1])
-                     for q in range(geo.groups)]
-            h = decode_words(words, funnels, geo, cfg.codebook)
-            a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
-            wgmma_fence()
-            d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, descriptor_lo(address, kk))
-            for i in cutlass.range_constexpr(cfg.acc_regs):
-                acc[i] = d[i]
-            wgmma_commit()
-            wgmma_wait_a(1, [a_prev[i] for i in range(4)])
-            for i in cutlass.range_constexpr(4):
-                a_prev[i] = a[i]
-        for i in cutlass.range_constexpr(nw):
-            wreg[i] = wnext[i]
-        _store_stage(base + ((c + 1) % STAGES) * stage_bytes, xnext, tid, cfg)
+    last = cfg.chunks - 1
+
+    if cutlass.const_expr(cfg.async_copy):
+        # Chunks 0 and 1 in flight; chunk c + 2 is issued at the top of chunk c into the stage
+        # chunk c - 2 read (retired everywhere once every thread passed chunk c - 1's barrier).
+        wnext = cute.make_rmem_tensor((nw,), Uint32)  # chunk c + 1's weight words
+        for j in cutlass.range_constexpr(2):
+            _copy_stage_async(xw, m0, ks0 + cutlass.min(j, last) * K_CHUNK,
+                              base + j * stage_bytes, tid, cfg)
+        for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):
+            wreg[i] = v
+        for i, v in enumerate(_chunk_weight_words(
+                tw, ks0 + cutlass.min(1, last) * K_CHUNK, tn, funnels, geo, cfg)):
+            wnext[i] = v
+        cp_async_wait(1)
         proxy_fence_shared()
         cute.arch.sync_threads()
+        for c in cutlass.range(cfg.chunks):
+            # Past the last chunk the copies re-load it (in bounds, into stages never read).
+            k2 = ks0 + cutlass.min(c + 2, last) * K_CHUNK
+            _copy_stage_async(xw, m0, k2, base + ((c + 2) % ASYNC_STAGES) * stage_bytes, tid,
+                              cfg)
+            w2 = _chunk_weight_words(tw, k2, tn, funnels, geo, cfg)
+            _mma_chunk(acc, a_prev, wreg, base + (c % ASYNC_STAGES) * stage_bytes, funnels,
+                       geo, cfg)
+            for i in cutlass.range_constexpr(nw):
+                wreg[i] = wnext[i]
+                wnext[i] = w2[i]
+            cp_async_wait(1)                          # chunk c + 1 has landed
+            proxy_fence_shared()
+            cute.arch.sync_threads()
+    else:
+        _store_stage(base, _load_stage(xw, m0, ks0, tid, cfg), tid, cfg)
+        for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):
+            wreg[i] = v
+        proxy_fence_shared()
+        cute.arch.sync_threads()
+        for c in cutlass.range(cfg.chunks):
+            # The next chunk's loads (the last chunk re-loads itself: in bounds, never read).
+            kn = ks0 + cutlass.min(c + 1, last) * K_CHUNK
+            xnext = _load_stage(xw, m0, kn, tid, cfg)
+            wnext = _chunk_weight_words(tw, kn, tn, funnels, geo, cfg)
+            _mma_chunk(acc, a_prev, wreg, base + (c % STAGES) * stage_bytes, funnels, geo, cfg)
+            for i in cutlass.range_constexpr(nw):
+                wreg[i] = wnext[i]
+            _store_stage(base + ((c + 1) % STAGES) * stage_bytes, xnext, tid, cfg)
+            proxy_fence_shared()
+            cute.arch.sync_threads()
 
     d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
     # D fragment of warp w: rows 16w + lane // 4 (+ 8 for registers 2, 3 of each 4) of the

@@ -36,6 +36,7 @@ Sections (each recorded even if another fails):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -124,6 +125,13 @@ def check_decode_exact(cb, K, k, n):
     return res
 
 
+def forced_plan(m, k, n, kind):
+    """select_plan with a forced kind; "wgmma_async": the wgmma plan with cp.async staging."""
+    if kind == "wgmma_async":
+        return dataclasses.replace(select_plan(m, k, n, force="wgmma"), async_copy=True)
+    return select_plan(m, k, n, force=kind)
+
+
 def check_gemm(cb, K, k, n, ms):
     """Every m and plan of one config in one jitted program (one XLA compile per config)."""
     w = gb.random_weight(k, n, K, cb, seed=5)
@@ -132,10 +140,12 @@ def check_gemm(cb, K, k, n, ms):
     # every m through the prefill plan, m <= 32 through the decode plan and m > 32 through the
     # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
     # ffi/trellis_wgmma.py)
+    # ("wgmma_async": its cp.async staging, WgmmaGemmConfig.async_copy)
     from exl3_jax.ffi.aot import device_arch
-    big = ("tiles", "wgmma", "prefill") if device_arch() == "sm_90a" else ("tiles", "prefill")
+    big = (("tiles", "wgmma", "wgmma_async", "prefill") if device_arch() == "sm_90a"
+           else ("tiles", "prefill"))
     cases = [(m, kind) for m in ms for kind in (("decode", "prefill") if m <= 32 else big)]
-    plans = [select_plan(m, k, n, force=kind) for m, kind in cases]
+    plans = [forced_plan(m, k, n, kind) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
     # bf16 activations are materialized outside the jitted program: inside it XLA may keep the
@@ -512,8 +522,10 @@ def run_memcheck(kind: str) -> int:
     w = gb.random_weight(k, n, 3, "mcg")
     bad = 0
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
-    for m in ((5, 1) if kind == "decode" else (200,) if kind in ("tiles", "wgmma") else (40,)):
-        plan = select_plan(m, k, n, force=kind)
+    runs = {"decode": [(5, "decode"), (1, "decode")], "prefill": [(40, "prefill")],
+            "tiles": [(200, "tiles")], "wgmma": [(200, "wgmma"), (200, "wgmma_async")]}[kind]
+    for m, variant in runs:
+        plan = forced_plan(m, k, n, variant)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
         with env_var(tg.ROW_LINEAR_ENV, "0" if m == 1 else "1"):
             y = np.asarray(jax.jit(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=plan))(x, w))

@@ -110,14 +110,16 @@ def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
 
 
 def unfenced_shared_stores(instrs: list[tuple[str, str]]) -> list[str]:
-    """Shared-memory stores not followed by FENCE.VIEW.ASYNC.S before the next barrier."""
-    bad, open_stores = [], []
+    """Shared-memory writes not fenced to the async proxy (FENCE.VIEW.ASYNC.S) before the next
+    barrier: ordinary stores (STS), and cp.async copies at the wait that completes them
+    (DEPBAR.LE SB0, after LDGSTS)."""
+    bad, open_writes = [], []
     for _, ins in instrs:
-        if ins.startswith("STS"):
-            open_stores.append(ins)
+        if ins.startswith("STS") or ins.startswith("DEPBAR.LE SB0"):
+            open_writes.append(ins)
         elif "FENCE.VIEW.ASYNC.S" in ins:
-            open_stores = []
+            open_writes = []
         elif ins.startswith("BAR.SYNC"):
-            bad += open_stores
-            open_stores = []
+            bad += open_writes
+            open_writes = []
     return bad

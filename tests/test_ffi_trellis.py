@@ -165,6 +165,10 @@ def test_wgmma_plan(k, n, m):
     assert all(ctas * s < plans.DEFAULT_SMS for s in allowed if s < p.splits)
     assert plans.wgmma_plan(m, k, n, tiling=(256, 1, 2)) == plans.TrellisPlan(
         "wgmma", m, m_tile=256, warps=4, splits=2)
+    assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,1") == plans.TrellisPlan(
+        "wgmma", m, m_tile=128, warps=8, splits=1, async_copy=True)
+    with pytest.raises(ValueError, match="takes no tiling"):
+        plans.tiled_plan("prefill", m, k, n, "128,2,1")
 
 
 @needs_cutlass
@@ -939,7 +943,9 @@ def test_compile_only_wgmma_kernels(tmp_path):
     # silently wrong on the GPU (helpers_sass).
     cases = [("mcg", 4, 128, "wgmma", 1024, 512), ("mul1", 3.5, 40, "wgmma", 512, 1024),
              ("3inst", 2, 300, "wgmma", 512, 256), ("mcg", 6, 4096, "wgmma", 1024, 256),
-             ("mcg", 3, 1024, "wgmma", 4096, 1024)]           # 64 chunks: the loop's back edge
+             ("mcg", 3, 1024, "wgmma", 4096, 1024),           # 64 chunks: the loop's back edge
+             # activations by cp.async (async_copy): two chunks ahead, a 4-deep ring
+             ("mcg", 4, 1024, "wgmma:128,2,1,1", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2,1")]
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for row in rows:
@@ -973,6 +979,10 @@ def test_sass_checks_catch_breaches():
     assert helpers_sass.async_register_breaches(early_acc) == ["FADD R3, R55, R1"]
     assert helpers_sass.async_register_breaches(no_fence) == [refill[1]]
     assert helpers_sass.unfenced_shared_stores(ok[:5] + ok[6:]) == ["STS.128 [R2+UR4], R4"]
+    copied = [("", "LDGSTS.E.BYPASS.128 [R25], desc[UR14][R4.64]"), ("", "LDGDEPBAR"),
+              ("", "DEPBAR.LE SB0, 0x1")]
+    assert helpers_sass.unfenced_shared_stores(copied + ok[5:]) == []
+    assert helpers_sass.unfenced_shared_stores(copied + ok[6:]) == ["DEPBAR.LE SB0, 0x1"]
     # a loop: the write at the top of the body hits the HGMMA issued at its bottom (pending
     # across the back edge)
     loop = [("", "WARPGROUP.ARRIVE"), (".L_x_0", "IMAD R96, R1, 0x2, RZ"),

@@ -43,6 +43,8 @@ class TrellisPlan:
     # prefill (dequantize kernel) parameters
     dq_warps: int = 0
     dq_k_tiles: int = 0
+    # wgmma: activations by cp.async two chunks ahead (trellis_wgmma.WgmmaGemmConfig.async_copy)
+    async_copy: bool = False
 
 
 def _divisors(x: int) -> list[int]:
@@ -123,16 +125,28 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     64 (m <= 64), 128 (m <= 2048) or 256 (wgmma's N; m_tile / 2 accumulators per lane), two
     warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM. Not measured yet:
-    only used when forced. ``tiling``: (m_tile, warpgroups, splits) instead (a tuning aid)."""
+    only used when forced. ``tiling``: (m_tile, warpgroups, splits[, async_copy]) instead (a
+    tuning aid)."""
     k16, n16 = k // 16, n // 16
     if tiling:
-        m_tile, warpgroups, splits = tiling
-        return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits)
+        m_tile, warpgroups, splits, *rest = tiling
+        return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
+                           async_copy=bool(rest and rest[0]))
     m_tile = 64 if m <= 64 else 128 if m <= 2048 else 256
     ctas = (n16 // 8) * -(-m // m_tile)
     allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % 4 == 0]
     splits = next((s for s in allowed if ctas * s >= sms), allowed[-1])
     return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits)
+
+
+def tiled_plan(kind: str, m: int, k: int, n: int, tiling: str) -> TrellisPlan:
+    """A token-tile plan ("tiles" or "wgmma") with an explicit tiling given as text, "128,1,8,
+    14,4" (tiles_plan) or "128,2,1[,1]" (wgmma_plan): the EXL3_JAX_TILES / EXL3_JAX_WGMMA
+    tuning aids and the "kind:tiling" plan names of exl3_jax.ffi.aot's export checks."""
+    makers = {"tiles": tiles_plan, "wgmma": wgmma_plan}
+    if kind not in makers:
+        raise ValueError(f"plan kind {kind!r} takes no tiling; only {sorted(makers)} do")
+    return makers[kind](m, k, n, tiling=tuple(int(v) for v in tiling.split(",")))
 
 
 def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS) -> str:
