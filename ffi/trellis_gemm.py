@@ -46,6 +46,7 @@ Environment:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -272,7 +273,9 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
         return WgmmaGemmConfig(codebook=weight.codebook, K=weight.K,
                                m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
                                m_tile=plan.m_tile, warpgroups=plan.warps // 4,
-                               splits=plan.splits, async_copy=plan.async_copy).validate()
+                               splits=plan.splits, async_copy=plan.async_copy,
+                               fused_out=plan.fused_out,
+                               biased=plan.fused_out and weight.bias is not None).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,
                           m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
@@ -280,25 +283,34 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
                           splits=plan.splits, k_chunk=plan.unroll).validate()
 
 
-def tiles_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
+def tiles_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None, scale=None):
     """A token-tile kernel (ffi/trellis_tiles.py, or ffi/trellis_wgmma.py for kind "wgmma") on
-    row-major activation words xw (f16 pairs [m_pad, k/2]): flat fp32 [splits * m_pad * n].
+    row-major activation words xw (f16 pairs [m_pad, k/2]): flat fp32 [splits * m_pad * n]
+    partials, or for a wgmma plan with ``fused_out`` y [m_pad * n] (the output transform done
+    in the kernel's epilogue with the input transform's row scales ``scale``, float32 [m_pad]).
     out_init: as in mma_partials_words."""
     from cutlass.jax import cutlass_call
 
-    if plan.kind == "wgmma":
-        from .trellis_wgmma import launch_trellis_wgmma as launch
-    else:
-        from .trellis_tiles import launch_trellis_tiles as launch
-
     cfg = _tiles_config(weight, plan)
     tw = trellis_words(weight.trellis)
-    shape = jax.ShapeDtypeStruct((cfg.splits * cfg.m_pad * cfg.n,), jnp.float32)
-    if out_init is None:
-        return cutlass_call(launch, output_shape_dtype=shape, cfg=cfg,
-                            compile_options=_cute_options())(xw, tw)
-    return cutlass_call(launch, output_shape_dtype=shape, input_output_aliases={2: 0}, cfg=cfg,
-                        compile_options=_cute_options())(xw, tw, out_init)
+    rows = cfg.m_pad if getattr(cfg, "fused_out", False) else cfg.splits * cfg.m_pad
+    shape = jax.ShapeDtypeStruct((rows * cfg.n,), jnp.float32)
+    if plan.kind == "wgmma":
+        from .trellis_wgmma import launch_trellis_wgmma as launch
+        if scale is None:
+            scale = jnp.ones((cfg.m_pad,), jnp.float32)
+        svh = jnp.asarray(weight.svh, jnp.float16)
+        args = [xw, tw, svh, svh if weight.bias is None else
+                jnp.asarray(weight.bias, jnp.float16), jnp.asarray(scale, jnp.float32)]
+    else:
+        from .trellis_tiles import launch_trellis_tiles as launch
+        args = [xw, tw]
+    aliases = {}
+    if out_init is not None:
+        aliases = {len(args): 0}
+        args.append(out_init)
+    return cutlass_call(launch, output_shape_dtype=shape, input_output_aliases=aliases, cfg=cfg,
+                        compile_options=_cute_options())(*args)
 
 
 def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
@@ -527,6 +539,7 @@ def rotated_matmul(xh, weight: Exl3Weight, plan: TrellisPlan, *, poison: bool = 
             init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan))
         return jnp.sum(mma_partials(xh, weight, plan, out_init=init), axis=0)[:plan.m]
     if plan.kind in TOKEN_TILE_KINDS:
+        plan = dataclasses.replace(plan, fused_out=False)      # the partials themselves
         cfg = _tiles_config(weight, plan)
         init = (jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison
                 else None)
@@ -589,9 +602,13 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
     elif plan.kind in TOKEN_TILE_KINDS:
         cfg = _tiles_config(weight, plan)
         xh, scale = hadamard_in(x2, weight.suh, cfg.m_pad)
-        part = tiles_partials_words(f16_words(xh), weight, plan)
-        y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
-                         splits=cfg.splits, n=weight.n)
+        if plan.fused_out:
+            y = tiles_partials_words(f16_words(xh), weight, plan, scale=scale).reshape(
+                cfg.m_pad, weight.n)[:m]
+        else:
+            part = tiles_partials_words(f16_words(xh), weight, plan)
+            y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
+                             splits=cfg.splits, n=weight.n)
     else:
         xh, scale = hadamard_in(x2, weight.suh, m)
         yp = lax.dot_general(xh.reshape(m, weight.k), dequantize_transposed(weight, plan),

@@ -32,7 +32,11 @@ Layout contract (flat, sizes static):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, row-major, zero padded rows (the input
                                   transform's "rows" layout, as the tiles plan)
   tw:  uint32 [k/16, n/16, W/2]   the trellis words
-  out: float32 [splits, m_pad, n] K-split partial sums (the output transform sums them)
+  out: float32 [splits, m_pad, n] K-split partial sums (the output transform sums them), or
+                                  with fused_out y [m_pad, n], the linear's output (padded
+                                  rows included; the caller keeps the first m)
+  svh, bias: float16 [n]; scale: float32 [m_pad] (the input transform's row scales): read by
+                                  the fused_out epilogue only
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cute_ops import cta_thread_ids, decode_words, lane_funnels, load_tile_words, load_words_v4
+from .cute_ops import (cta_thread_ids, decode_words, hadamard128_lane, lane_funnels,
+                       load_tile_words, load_words_v4)
+from .hadamard import SCALE as HAD_SCALE
 from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
 from .trellis_tiles import TokenTiles
 
@@ -61,6 +67,9 @@ M_TILES = (64, 128, 256)               # wgmma N values used (accumulators: m_ti
 # used by swizzled K-major layouts) in bits 16..29 and the start address >> 4 in bits 0..13.
 DESC_HI = (SWIZZLE_ATOM_BYTES >> 4) | (1 << 30)
 DESC_LO_FLAGS = 1 << 16
+# fused_out epilogue: fp32 rows of the CTA's 128 columns padded by 4 words, so the D fragments'
+# stores (lanes 4 tokens x 8 columns apart) fall into 32 distinct banks.
+EPILOGUE_ROW_WORDS = 132
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +87,24 @@ class WgmmaGemmConfig(TokenTiles):
     # two chunks ahead in registers), instead of through registers one chunk ahead: more bytes
     # in flight per warp and 16 staging registers fewer (m_tile 128). Not measured: an A/B.
     async_copy: bool = False
+    # One K-split: the epilogue applies the output transform (Hadamard-128 over the CTA's 128
+    # columns through shared memory, * SCALE * svh * row scale + bias, as
+    # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
+    fused_out: bool = False
+    biased: bool = False   # fused_out: the linear has a bias
 
     chunk_steps = K_CHUNK
 
     @property
     def stages(self) -> int:
         return ASYNC_STAGES if self.async_copy else STAGES
+
+    @property
+    def smem_words(self) -> int:
+        """The stage ring, or (fused_out) the epilogue's fp32 tile if larger (the same buffer:
+        the epilogue starts once every wgmma has retired)."""
+        ring = self.stages * self.stage_words
+        return max(ring, self.m_tile * EPILOGUE_ROW_WORDS) if self.fused_out else ring
 
     @property
     def cta_n16(self) -> int:
@@ -106,6 +127,9 @@ class WgmmaGemmConfig(TokenTiles):
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
         if self.warpgroups not in (1, 2):
             raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
+        if self.fused_out and (self.splits != 1 or self.warpgroups != 2):
+            raise ValueError("fused_out needs one K-split and two warpgroups (a CTA's 128 "
+                             "columns are one Hadamard block)")
         self.check_token_tiling()
         return self
 
@@ -137,6 +161,24 @@ def _st_shared_v4(address, words, *, loc=None, ip=None) -> None:
                     "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}",
                     has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _st_shared_f32(address, v, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip),
+                           Float32(v).ir_value(loc=loc, ip=ip)],
+                    "st.shared.f32 [$0], $1;", "r,f,~{memory}", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _ld_shared_v4_f32(address, *, loc=None, ip=None) -> list:
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * 4),
+                          [Int32(address).ir_value(loc=loc, ip=ip)],
+                          "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                          has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 @dsl_user_op
@@ -275,8 +317,33 @@ def _mma_chunk(acc, a_prev, wreg, address, funnels, geo, cfg):
             a_prev[i] = a[i]
 
 
+def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
+    """The output transform of the CTA's 128 columns x m_tile tokens (fused_out): D fragments
+    to shared memory as fp32 rows, then per token row (warp w: rows w, w + 8, ..) the lane's
+    4 columns through hadamard128_lane, * SCALE * svh * row scale + bias, one 16-byte store
+    each; the arithmetic of hadamard._hadamard_out_kernel with one K-split, in its order."""
+    cute.arch.sync_threads()                          # every warp is done with the stages
+    for j in range(cfg.m_tile // 8):
+        for r in range(4):
+            row = 8 * j + 2 * (lane % 4) + r % 2
+            col = 16 * warp + lane // 4 + 8 * (r // 2)
+            _st_shared_f32(base + (row * EPILOGUE_ROW_WORDS + col) * 4, d[4 * j + r])
+    cute.arch.sync_threads()
+    col = bx * 128 + 4 * lane
+    sv = [Float32(svh[col + e]) for e in range(4)]
+    bv = [Float32(bias[col + e]) if cfg.biased else Float32(0.0) for e in range(4)]
+    for i in range(cfg.m_tile // 8):
+        row = warp + 8 * i
+        v = hadamard128_lane(_ld_shared_v4_f32(base + (row * EPILOGUE_ROW_WORDS + 4 * lane) * 4),
+                             lane)
+        rs = scale[m0 + row]
+        for e in range(4):
+            y[(m0 + row) * cfg.n + col + e] = v[e] * Float32(HAD_SCALE) * sv[e] * rs + bv[e]
+
+
 @cute.kernel
 def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
+                          svh: cute.Tensor, bias: cute.Tensor, scale: cute.Tensor,
                           cfg: cutlass.Constexpr):
     geo = lane_geometry(cfg.K)
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
@@ -285,7 +352,7 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     ks0 = by * cfg.k_per_split
     funnels = lane_funnels(geo, lane)
     smem = cutlass.memory.SmemAllocator().allocate_tensor(
-        Uint32, cute.make_layout(cfg.stages * cfg.stage_words), SWIZZLE_ATOM_BYTES)
+        Uint32, cute.make_layout(cfg.smem_words), SWIZZLE_ATOM_BYTES)
     base = smem.iterator.toint()
     stage_bytes = cfg.stage_words * 4
     nw = K_CHUNK * geo.groups * 2
@@ -348,19 +415,25 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
     # D fragment of warp w: rows 16w + lane // 4 (+ 8 for registers 2, 3 of each 4) of the
     # warpgroup's 64 = output columns; register 4j + r at token 8j + 2 (lane % 4) + r % 2.
-    for j in cutlass.range_constexpr(cfg.m_tile // 8):
-        for r in cutlass.range_constexpr(4):
-            col = tn * 16 + lane // 4 + 8 * (r // 2)
-            tok = m0 + 8 * j + 2 * (lane % 4) + r % 2
-            out[(by * cfg.m_pad + tok) * cfg.n + col] = d[4 * j + r]
+    if cutlass.const_expr(cfg.fused_out):
+        _fused_epilogue(d, base, out, svh, bias, scale, bx, m0, warp, lane, cfg)
+    else:
+        for j in cutlass.range_constexpr(cfg.m_tile // 8):
+            for r in cutlass.range_constexpr(4):
+                col = tn * 16 + lane // 4 + 8 * (r // 2)
+                tok = m0 + 8 * j + 2 * (lane % 4) + r % 2
+                out[(by * cfg.m_pad + tok) * cfg.n + col] = d[4 * j + r]
 
 
 @cute.jit
-def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
+def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Tensor,
+                         bias: cute.Tensor, scale: cute.Tensor, out: cute.Tensor,
                          cfg: cutlass.Constexpr):
-    """cutlass_call entry (as trellis_tiles.launch_trellis_tiles)."""
-    _trellis_wgmma_kernel(xw, tw, out, cfg).launch(grid=cfg.grid, block=(cfg.threads, 1, 1),
-                                                   stream=stream)
+    """cutlass_call entry: out is the fp32 partials [splits, m_pad, n], or with fused_out y
+    [m_pad, n] (svh f16 [n], bias f16 [n] (any f16 [n] when not biased), scale f32 [m_pad]:
+    the input transform's row scales; unused without fused_out)."""
+    _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, cfg).launch(
+        grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
 __all__ = ["ARCH", "K_CHUNK", "M_TILES", "STAGES", "WgmmaGemmConfig", "descriptor_lo",

@@ -126,9 +126,13 @@ def check_decode_exact(cb, K, k, n):
 
 
 def forced_plan(m, k, n, kind):
-    """select_plan with a forced kind; "wgmma_async": the wgmma plan with cp.async staging."""
+    """select_plan with a forced kind; "wgmma_async": the wgmma plan with cp.async staging;
+    "wgmma_fused": with one K-split and the output transform in its epilogue."""
     if kind == "wgmma_async":
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), async_copy=True)
+    if kind == "wgmma_fused":
+        return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
+                                   fused_out=True)
     return select_plan(m, k, n, force=kind)
 
 
@@ -140,11 +144,14 @@ def check_gemm(cb, K, k, n, ms):
     # every m through the prefill plan, m <= 32 through the decode plan and m > 32 through the
     # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
     # ffi/trellis_wgmma.py)
-    # ("wgmma_async": its cp.async staging, WgmmaGemmConfig.async_copy)
+    # (on Hopper the wgmma plan at every m, and for m > 32 its cp.async staging and its fused
+    # output transform: "wgmma_async", "wgmma_fused"; the poisoned path checks the partials)
     from exl3_jax.ffi.aot import device_arch
-    big = (("tiles", "wgmma", "wgmma_async", "prefill") if device_arch() == "sm_90a"
-           else ("tiles", "prefill"))
-    cases = [(m, kind) for m in ms for kind in (("decode", "prefill") if m <= 32 else big)]
+    hopper = device_arch() == "sm_90a"
+    cases = [(m, kind) for m in ms
+             for kind in (("decode", "prefill") + (("wgmma",) if hopper else ()) if m <= 32 else
+                          ("tiles", "prefill") + (("wgmma", "wgmma_async", "wgmma_fused")
+                                                  if hopper else ()))]
     plans = [forced_plan(m, k, n, kind) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
@@ -523,7 +530,8 @@ def run_memcheck(kind: str) -> int:
     bad = 0
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
     runs = {"decode": [(5, "decode"), (1, "decode")], "prefill": [(40, "prefill")],
-            "tiles": [(200, "tiles")], "wgmma": [(200, "wgmma"), (200, "wgmma_async")]}[kind]
+            "tiles": [(200, "tiles")],
+            "wgmma": [(200, "wgmma"), (200, "wgmma_async"), (200, "wgmma_fused")]}[kind]
     for m, variant in runs:
         plan = forced_plan(m, k, n, variant)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)

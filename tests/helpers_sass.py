@@ -110,16 +110,20 @@ def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
 
 
 def unfenced_shared_stores(instrs: list[tuple[str, str]]) -> list[str]:
-    """Shared-memory writes not fenced to the async proxy (FENCE.VIEW.ASYNC.S) before the next
-    barrier: ordinary stores (STS), and cp.async copies at the wait that completes them
-    (DEPBAR.LE SB0, after LDGSTS)."""
+    """Shared-memory writes not fenced to the async proxy (FENCE.VIEW.ASYNC.S) before a barrier
+    that an HGMMA follows (loops unrolled): ordinary stores (STS), and cp.async copies at the
+    wait that completes them (DEPBAR.LE SB0, after LDGSTS). Stores that only ordinary loads
+    read after the last HGMMA (an epilogue) need no fence."""
+    seq = unrolled(instrs)
+    last_hgmma = max((i for i, ins in enumerate(seq) if "HGMMA" in ins), default=-1)
     bad, open_writes = [], []
-    for _, ins in instrs:
+    for i, ins in enumerate(seq):
         if ins.startswith("STS") or ins.startswith("DEPBAR.LE SB0"):
             open_writes.append(ins)
         elif "FENCE.VIEW.ASYNC.S" in ins:
             open_writes = []
         elif ins.startswith("BAR.SYNC"):
-            bad += open_writes
+            if i < last_hgmma:
+                bad += [w for w in open_writes if w not in bad]
             open_writes = []
     return bad

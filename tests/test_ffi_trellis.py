@@ -165,8 +165,10 @@ def test_wgmma_plan(k, n, m):
     assert all(ctas * s < plans.DEFAULT_SMS for s in allowed if s < p.splits)
     assert plans.wgmma_plan(m, k, n, tiling=(256, 1, 2)) == plans.TrellisPlan(
         "wgmma", m, m_tile=256, warps=4, splits=2)
+    assert p.fused_out == (p.splits == 1)          # one split: the epilogue transforms
     assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,1") == plans.TrellisPlan(
-        "wgmma", m, m_tile=128, warps=8, splits=1, async_copy=True)
+        "wgmma", m, m_tile=128, warps=8, splits=1, async_copy=True, fused_out=True)
+    assert not plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,0").fused_out
     with pytest.raises(ValueError, match="takes no tiling"):
         plans.tiled_plan("prefill", m, k, n, "128,2,1")
 
@@ -540,15 +542,17 @@ def emulated_kernels(monkeypatch):
             parts.append(jnp.concatenate(cols, axis=1))
         return jnp.stack(parts).reshape(-1)
 
-    def tiles_partials_words(xw, w, plan, out_init=None):
+    def tiles_partials_words(xw, w, plan, out_init=None, scale=None):
         cfg = tg._tiles_config(w, plan)
-        calls.append((plan.kind, cfg))
+        calls.append((plan.kind + ("+out" if plan.fused_out else ""), cfg))
         xh = jax.lax.bitcast_convert_type(jnp.asarray(xw, jnp.uint32), jnp.float16).reshape(
             cfg.m_pad, w.k).astype(jnp.float32)
         wh = decode_trellis(w.trellis, w.codebook).astype(jnp.float32)
         ks = w.k // cfg.splits
         parts = [jnp.matmul(xh[:, s * ks:(s + 1) * ks], wh[s * ks:(s + 1) * ks],
                             precision="highest") for s in range(cfg.splits)]
+        if plan.fused_out:                 # the epilogue: output transform, padded rows too
+            return tg.output_transform(parts[0], w.svh, w.bias, scale[:, None]).reshape(-1)
         return jnp.stack(parts).reshape(-1)
 
     def dequantize_transposed(w, plan, out_init=None):
@@ -618,19 +622,25 @@ def emulated_kernels(monkeypatch):
 @pytest.mark.parametrize("transforms", ["cute", "xla"])
 @pytest.mark.parametrize("m,kind", [(1, "decode"), (5, "decode"), (32, "decode"),
                                     (33, "prefill"), (3, "prefill"), (70, "tiles"),
-                                    (40, "tiles"), (70, "wgmma"), (300, "wgmma")])
+                                    (40, "tiles"), (70, "wgmma"), (300, "wgmma"),
+                                    (70, "wgmma:64,2,1")])
 @pytest.mark.parametrize("codebook,K", [("mul1", 3.5), ("mcg", 3)])   # packed / split B words
 def test_gpu_path_plumbing(rng, emulated_kernels, m, kind, transforms, codebook, K):
     w = random_weight(rng, 512, 256, K, codebook, bias=True)
     x = jnp.asarray(rng.standard_normal((m, 512)), jnp.float32)
-    y = tg.trellis_matmul_gpu(x, w, plan=kind, transforms=transforms)
+    plan = kind if ":" not in kind else plans.tiled_plan(kind.split(":")[0], m, 512, 256,
+                                                          kind.split(":")[1])
+    y = tg.trellis_matmul_gpu(x, w, plan=plan, transforms=transforms)
     ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
     assert y.shape == (m, 256) and y.dtype == jnp.float32
     rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
     assert rel < 1e-3                              # fp16 rounding of xh only
-    # one token (cute transforms): the row linear, one custom call
+    # one token (cute transforms): the row linear, one custom call; a wgmma plan with one
+    # K-split: the output transform in its epilogue (the xla transforms take the partials)
     row = m == 1 and kind == "decode" and transforms == "cute"
-    assert emulated_kernels[-1][0] == ("row" if row else kind)
+    fused = ":" in kind and transforms == "cute"
+    assert emulated_kernels[-1][0] == ("row" if row else "wgmma+out" if fused else
+                                       kind.split(":")[0])
 
 
 def test_row_scale_is_the_smallest_power_of_two(rng):
@@ -935,6 +945,7 @@ def test_compile_only_tiles_kernels(arch):
 
 @needs_cutlass
 def test_compile_only_wgmma_kernels(tmp_path):
+    from exl3_jax.ffi import aot
     # The warpgroup-MMA plan (forced, sm_90a only): every token tile (64, 128, 256), one and two
     # token tiles, packed pairs of every codebook, a half-integer rate. Then its SASS: wgmma
     # reads A registers and writes the accumulators after issue, so a compiled schedule that
@@ -945,11 +956,16 @@ def test_compile_only_wgmma_kernels(tmp_path):
              ("3inst", 2, 300, "wgmma", 512, 256), ("mcg", 6, 4096, "wgmma", 1024, 256),
              ("mcg", 3, 1024, "wgmma", 4096, 1024),           # 64 chunks: the loop's back edge
              # activations by cp.async (async_copy): two chunks ahead, a 4-deep ring
-             ("mcg", 4, 1024, "wgmma:128,2,1,1", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2,1")]
+             ("mcg", 4, 1024, "wgmma:128,2,1,1", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2,1"),
+             ("mul1", 4, 200, "wgmma:256,2,1,0,1", 512, 256)]       # fused, padded rows
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
-    for row in rows:
-        assert row["calls"] == 3 and "_trellis_wgmma_kernel" in row["kernels"], row
+    for case, row in zip(cases, rows):
+        k, n = case[4:6] if len(case) > 4 else (256, 256)
+        plan = aot.resolve_plan(case[2], k, n, case[3])
+        # one K-split: the output transform is the kernel's epilogue (no output kernel)
+        assert row["calls"] == (2 if plan.fused_out else 3), row
+        assert "_trellis_wgmma_kernel" in row["kernels"], row
     if helpers_sass.nvdisasm() is None:
         pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
     kernels = [code for code in (helpers_sass.disassemble(str(p))
@@ -978,11 +994,16 @@ def test_sass_checks_catch_breaches():
     assert helpers_sass.async_register_breaches(early_a) == ["IMAD R97, R1, 0x2, RZ"]
     assert helpers_sass.async_register_breaches(early_acc) == ["FADD R3, R55, R1"]
     assert helpers_sass.async_register_breaches(no_fence) == [refill[1]]
-    assert helpers_sass.unfenced_shared_stores(ok[:5] + ok[6:]) == ["STS.128 [R2+UR4], R4"]
+    # stores handed to a later HGMMA need the fence; an epilogue's (after the last) do not
+    stage = ok[4:7]
+    assert helpers_sass.unfenced_shared_stores(stage + ok[:4]) == []
+    assert helpers_sass.unfenced_shared_stores(stage[:1] + stage[2:] + ok[:4]) == [stage[0][1]]
+    assert helpers_sass.unfenced_shared_stores(ok[:5] + ok[6:]) == []
     copied = [("", "LDGSTS.E.BYPASS.128 [R25], desc[UR14][R4.64]"), ("", "LDGDEPBAR"),
               ("", "DEPBAR.LE SB0, 0x1")]
-    assert helpers_sass.unfenced_shared_stores(copied + ok[5:]) == []
-    assert helpers_sass.unfenced_shared_stores(copied + ok[6:]) == ["DEPBAR.LE SB0, 0x1"]
+    assert helpers_sass.unfenced_shared_stores(copied + ok[5:6] + ok[6:7] + ok[:4]) == []
+    assert helpers_sass.unfenced_shared_stores(copied + ok[6:7] + ok[:4]) == [
+        "DEPBAR.LE SB0, 0x1"]
     # a loop: the write at the top of the body hits the HGMMA issued at its bottom (pending
     # across the back edge)
     loop = [("", "WARPGROUP.ARRIVE"), (".L_x_0", "IMAD R96, R1, 0x2, RZ"),

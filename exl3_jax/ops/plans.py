@@ -43,8 +43,10 @@ class TrellisPlan:
     # prefill (dequantize kernel) parameters
     dq_warps: int = 0
     dq_k_tiles: int = 0
-    # wgmma: activations by cp.async two chunks ahead (trellis_wgmma.WgmmaGemmConfig.async_copy)
+    # wgmma: activations by cp.async two chunks ahead (trellis_wgmma.WgmmaGemmConfig.async_copy);
+    # with one K-split, the output transform in the kernel's epilogue (fused_out)
     async_copy: bool = False
+    fused_out: bool = False
 
 
 def _divisors(x: int) -> list[int]:
@@ -124,19 +126,23 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     """Warpgroup-MMA plan (ffi/trellis_wgmma.py; Hopper only, meant for 32 < m): token tiles of
     64 (m <= 64), 128 (m <= 2048) or 256 (wgmma's N; m_tile / 2 accumulators per lane), two
     warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
-    4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM. Not measured yet:
-    only used when forced. ``tiling``: (m_tile, warpgroups, splits[, async_copy]) instead (a
-    tuning aid)."""
+    4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
+    the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
+    Not measured yet: only used when forced. ``tiling``: (m_tile, warpgroups, splits[,
+    async_copy[, fused_out]]) instead (a tuning aid; fused_out defaults to splits == 1 with two
+    warpgroups)."""
     k16, n16 = k // 16, n // 16
     if tiling:
         m_tile, warpgroups, splits, *rest = tiling
+        fused = bool(rest[1]) if len(rest) > 1 else splits == 1 and warpgroups == 2
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
-                           async_copy=bool(rest and rest[0]))
+                           async_copy=bool(rest and rest[0]), fused_out=fused)
     m_tile = 64 if m <= 64 else 128 if m <= 2048 else 256
     ctas = (n16 // 8) * -(-m // m_tile)
     allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % 4 == 0]
     splits = next((s for s in allowed if ctas * s >= sms), allowed[-1])
-    return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits)
+    return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits,
+                       fused_out=splits == 1)
 
 
 def tiled_plan(kind: str, m: int, k: int, n: int, tiling: str) -> TrellisPlan:

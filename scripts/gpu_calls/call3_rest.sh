@@ -1,10 +1,13 @@
 # Call 3 (~10 min, in order of value; the limit may cut the tail): the token-tile plans against
 # the prefill plan (wgmma and tiles, m = 64..4096), end-to-end decode, change 7 (byte windows)
-# against the tree before it, the wgmma token tile and cp.async staging at m = 1024 and 128, the "pairs" layout for the packed
+# against the tree before it, the wgmma token tile, cp.async staging and the fused output
+# transform at m = 1024 (cp.async at 128), the "pairs" layout for the packed
 # kernels (validation, then A/B), memcheck of the row linear and tiles plans.
 CALL=call3
 timeout 200 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PLAN --values 'prefill|wgmma|tiles|prefill|wgmma|tiles' --shapes 14336x4096,4096x14336,8192x28672 --K 4 --codebooks mcg --m 64,128,1024,4096 --out $RES/3_ab_plans.json > $RES/3_ab_plans.log 2>&1
 t "ab plans rc=$?"; grep '^{' $RES/3_ab_plans.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_plans.log | head; save
+timeout 120 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PLAN --values 'decode|wgmma|decode|wgmma' --shapes 14336x4096,4096x14336,8192x28672 --K 4 --codebooks mcg,mul1 --m 16,32 --out $RES/3_ab_small.json > $RES/3_ab_small.log 2>&1
+t "ab decode/wgmma m=16,32 rc=$?"; grep '^{' $RES/3_ab_small.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_small.log | head; save
 (cd scripts && timeout 230 python3 gpu_e2e_decode.py --cases dense:1:512,moe:1:512,moe:8:64 --codebook mcg --budget-s 200 --hard-limit-s 225 --out $RES/3_e2e.json > $RES/3_e2e.log 2>&1)
 t "e2e rc=$?"; grep -E "^dense|^moe|tok/s" $RES/3_e2e.log | cut -c1-200 | head -12; save
 for round in 1 2; do
@@ -15,7 +18,7 @@ for round in 1 2; do
   done
 done
 tree here
-timeout 150 python3 scripts/gpu_linear_ab.py --env2 EXL3_JAX_PLAN=wgmma --env EXL3_JAX_WGMMA --values '128,2,1|128,2,1,1|256,2,1|256,2,1,1|128,2,1|128,2,1,1|256,2,1|256,2,1,1' --shapes 14336x4096,4096x14336 --K 4 --codebooks mcg --m 1024 --out $RES/3_ab_wgmma_1024.json > $RES/3_ab_wgmma_1024.log 2>&1
+timeout 150 python3 scripts/gpu_linear_ab.py --env2 EXL3_JAX_PLAN=wgmma --env EXL3_JAX_WGMMA --values '128,2,1|128,2,1,0,0|128,2,1,1|256,2,1|256,2,1,1|128,2,1|128,2,1,0,0|128,2,1,1|256,2,1|256,2,1,1' --shapes 14336x4096,4096x14336 --K 4 --codebooks mcg --m 1024 --out $RES/3_ab_wgmma_1024.json > $RES/3_ab_wgmma_1024.log 2>&1
 t "ab wgmma m=1024 rc=$?"; grep '^{' $RES/3_ab_wgmma_1024.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_wgmma_1024.log | head; save
 timeout 60 python3 scripts/gpu_linear_ab.py --env2 EXL3_JAX_PLAN=wgmma --env EXL3_JAX_WGMMA --values '128,2,7|128,2,7,1|128,2,7|128,2,7,1' --shapes 14336x4096 --K 4 --codebooks mcg --m 128 --out $RES/3_ab_wgmma_128.json > $RES/3_ab_wgmma_128.log 2>&1
 t "ab wgmma m=128 rc=$?"; grep '^{' $RES/3_ab_wgmma_128.log | cut -c1-200; save
