@@ -136,7 +136,7 @@ def forced_plan(m, k, n, kind):
     return select_plan(m, k, n, force=kind)
 
 
-def check_gemm(cb, K, k, n, ms):
+def check_gemm(cb, K, k, n, ms, kinds=None):
     """Every m and plan of one config in one jitted program (one XLA compile per config)."""
     w = gb.random_weight(k, n, K, cb, seed=5)
     bias = jnp.asarray(np.random.default_rng(9).standard_normal(n) * 0.1, jnp.float16)
@@ -151,7 +151,8 @@ def check_gemm(cb, K, k, n, ms):
     cases = [(m, kind) for m in ms
              for kind in (("decode", "prefill") + (("wgmma",) if hopper else ()) if m <= 32 else
                           ("tiles", "prefill") + (("wgmma", "wgmma_async", "wgmma_fused")
-                                                  if hopper else ()))]
+                                                  if hopper else ()))
+             if kinds is None or kind in kinds]
     plans = [forced_plan(m, k, n, kind) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
@@ -352,6 +353,7 @@ def run_validation(args) -> dict:
     report = {"versions": gb.versions(), "sections": {}}
     k, n = args.k, args.n
     m_list = tuple(int(v) for v in args.m.split(",")) if args.m else M_LIST
+    kinds = set(args.kinds.split(",")) if args.kinds else None
 
     def section(name, fn):
         t0 = time.time()
@@ -386,7 +388,7 @@ def run_validation(args) -> dict:
                 rows.append({"skipped": "budget"})
                 break
             try:
-                rs = check_gemm(cb, K, k, n, m_list)
+                rs = check_gemm(cb, K, k, n, m_list, kinds)
             except Exception as e:   # noqa: BLE001
                 rs = [{"codebook": cb, "K": K, "error": f"{type(e).__name__}: {e}"[:2000],
                        "ok": False}]
@@ -604,6 +606,9 @@ def main(argv=None) -> int:
                    help="comma-separated subset of decode_exact,row_linear,group,gemm,dispatch,"
                         "row_scale (default: all; group only with --group)")
     p.add_argument("--m", default=None, help="gemm section's m values (default: the issue's)")
+    p.add_argument("--kinds", default=None,
+                   help="gemm section's plan kinds, e.g. decode,prefill,tiles or wgmma,"
+                        "wgmma_async,wgmma_fused (default: every kind the device runs)")
     p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "wgmma", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")

@@ -4,8 +4,10 @@
 # memcheck of the decode and wgmma plans; the MoE layer (mul1 and tiered included); the mixed-K
 # MoE test.
 CALL=call1
-python3 scripts/gpu_validate.py --quick --group --no-bench --sections decode_exact,gemm,group,row_linear,row_scale,dispatch --m 1,2,3,8,16,33,128,1000 --budget-s 290 --out $RES/1_validate.json > $RES/1_validate.log 2>&1
+python3 scripts/gpu_validate.py --quick --group --no-bench --sections decode_exact,gemm,group,row_linear,row_scale,dispatch --m 1,2,3,8,16,33,128,1000 --kinds decode,prefill,tiles --budget-s 250 --out $RES/1_validate.json > $RES/1_validate.log 2>&1
 t "validate rc=$?"; grep SUMMARY $RES/1_validate.log | cut -c1-400; grep -i "FAIL\|Traceback" $RES/1_validate.log | head -8 | cut -c1-300; save
+timeout 200 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm --m 16,33,128,1000 --kinds wgmma,wgmma_async,wgmma_fused --budget-s 150 --out $RES/1_validate_wgmma.json > $RES/1_validate_wgmma.log 2>&1
+t "validate wgmma rc=$?"; grep SUMMARY $RES/1_validate_wgmma.log | cut -c1-400; grep -i "FAIL\|Traceback" $RES/1_validate_wgmma.log | head -8 | cut -c1-300; save
 XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate.py --memcheck decode > $RES/1_memcheck_decode.log 2>&1
 t "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY|memcheck run' $RES/1_memcheck_decode.log | tr '\n' ' ')"; save
 XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 60 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate.py --memcheck wgmma > $RES/1_memcheck_wgmma.log 2>&1
