@@ -61,7 +61,7 @@ STAGES = 3             # the ring depth the retirement argument above needs
 ASYNC_STAGES = 4       # async_copy: chunk c + 2 lands in the stage chunk c - 2 read
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
-M_TILES = (64, 128, 256)               # wgmma N values used (accumulators: m_tile / 2 per lane)
+M_TILES = (32, 64, 128, 256)           # wgmma N values used (accumulators: m_tile / 2 per lane)
 # Matrix descriptor (PTX ISA, "Matrix Descriptor Format"), high word: stride byte offset 1024 >> 4
 # in bits 32..45, swizzle mode 1 (128-byte) in bits 62..63; low word: leading byte offset 1 (not
 # used by swizzled K-major layouts) in bits 16..29 and the start address >> 4 in bits 0..13.

@@ -150,14 +150,14 @@ def test_tiles_plan(k, n, m):
 
 
 @pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
-@pytest.mark.parametrize("m", [33, 64, 65, 128, 1000, 2049, 4096])
+@pytest.mark.parametrize("m", [16, 32, 33, 64, 65, 128, 1000, 2049, 4096])
 def test_wgmma_plan(k, n, m):
-    # Forced only: token tiles of 64 / 128 / 256 (wgmma's N), two warpgroups of 64 columns,
+    # Forced only: token tiles of 32 / 64 / 128 / 256 (wgmma's N), two warpgroups of 64 columns,
     # whole 4-step chunks per split, the fewest splits giving one CTA per SM.
-    assert plans.select_plan(m, k, n).kind == "prefill"
+    assert plans.select_plan(m, k, n).kind == ("decode" if m <= 32 else "prefill")
     p = plans.select_plan(m, k, n, force="wgmma")
     assert p.kind == "wgmma" and p.warps == 8
-    assert p.m_tile == (64 if m <= 64 else 128 if m <= 2048 else 256)
+    assert p.m_tile == (32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256)
     allowed = [s for s in range(1, 17) if (k // 16) % s == 0 and ((k // 16) // s) % 4 == 0]
     assert p.splits in allowed
     ctas = (n // 128) * -(-m // p.m_tile)
@@ -946,7 +946,7 @@ def test_compile_only_tiles_kernels(arch):
 @needs_cutlass
 def test_compile_only_wgmma_kernels(tmp_path):
     from exl3_jax.ffi import aot
-    # The warpgroup-MMA plan (forced, sm_90a only): every token tile (64, 128, 256), one and two
+    # The warpgroup-MMA plan (forced, sm_90a only): every token tile (32 .. 256), one and two
     # token tiles, packed pairs of every codebook, a half-integer rate. Then its SASS: wgmma
     # reads A registers and writes the accumulators after issue, so a compiled schedule that
     # rewrites an A register, or touches an accumulator, before the WARPGROUP.DEPBAR retiring
@@ -957,7 +957,8 @@ def test_compile_only_wgmma_kernels(tmp_path):
              ("mcg", 3, 1024, "wgmma", 4096, 1024),           # 64 chunks: the loop's back edge
              # activations by cp.async (async_copy): two chunks ahead, a 4-deep ring
              ("mcg", 4, 1024, "wgmma:128,2,1,1", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2,1"),
-             ("mul1", 4, 200, "wgmma:256,2,1,0,1", 512, 256)]       # fused, padded rows
+             ("mul1", 4, 200, "wgmma:256,2,1,0,1", 512, 256),      # fused, padded rows
+             ("mcg", 3, 16, "wgmma", 1024, 512)]                     # m_tile 32
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for case, row in zip(cases, rows):

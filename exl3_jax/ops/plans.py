@@ -123,8 +123,8 @@ def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
 
 def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
                tiling: tuple | None = None) -> TrellisPlan:
-    """Warpgroup-MMA plan (ffi/trellis_wgmma.py; Hopper only, meant for 32 < m): token tiles of
-    64 (m <= 64), 128 (m <= 2048) or 256 (wgmma's N; m_tile / 2 accumulators per lane), two
+    """Warpgroup-MMA plan (ffi/trellis_wgmma.py; Hopper only): token tiles of 32 (m <= 32), 64
+    (m <= 64), 128 (m <= 2048) or 256 (wgmma's N; m_tile / 2 accumulators per lane), two
     warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
     the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
@@ -137,7 +137,7 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         fused = bool(rest[1]) if len(rest) > 1 else splits == 1 and warpgroups == 2
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
                            async_copy=bool(rest and rest[0]), fused_out=fused)
-    m_tile = 64 if m <= 64 else 128 if m <= 2048 else 256
+    m_tile = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256
     ctas = (n16 // 8) * -(-m // m_tile)
     allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % 4 == 0]
     splits = next((s for s in allowed if ctas * s >= sms), allowed[-1])
