@@ -147,11 +147,13 @@ def swizzled_word(row, seg):
     return row * (ROW_BYTES // 4) + (seg ^ (row % 8)) * 4
 
 
-def descriptor_lo(stage_address, kk):
+def descriptor_lo(stage_address, kk=0):
     """Low word of the B descriptor of k16 step kk of the stage at shared address
     ``stage_address`` (1024-byte aligned): the start address advances 32 bytes per step inside
-    the swizzle row, the hardware swizzles the rest."""
-    return (((stage_address + kk * 32) >> 4) & 0x3FFF) | DESC_LO_FLAGS
+    the swizzle row, the hardware swizzles the rest. Shared addresses are below 2^18, so the
+    start field never carries into the flags: the kernel adds stage and step offsets (in 16-byte
+    units) to one chunk's word instead of recomputing it."""
+    return ((stage_address >> 4) + 2 * kk) | DESC_LO_FLAGS
 
 
 @dsl_user_op
@@ -298,9 +300,10 @@ def _chunk_weight_words(tw, ks, tn, funnels, geo, cfg):
             for v in pair]
 
 
-def _mma_chunk(acc, a_prev, wreg, address, funnels, geo, cfg):
+def _mma_chunk(acc, a_prev, wreg, desc_lo, funnels, geo, cfg):
     """The chunk's K_CHUNK steps: decode the warp's tile into A, one wgmma each against the
-    stage at ``address``, one in flight (acc, a_prev, wreg: register tensors). Plain Python
+    stage whose step-0 descriptor word is ``desc_lo``, one in flight (acc, a_prev, wreg:
+    register tensors). Plain Python
     inlined at trace time, hence ``range``: the DSL preprocessor rewrites only the kernels."""
     g2 = geo.groups * 2
     for kk in range(K_CHUNK):
@@ -308,7 +311,7 @@ def _mma_chunk(acc, a_prev, wreg, address, funnels, geo, cfg):
         h = decode_words(words, funnels, geo, cfg.codebook)
         a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
         wgmma_fence()
-        d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, descriptor_lo(address, kk))
+        d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, desc_lo + 2 * kk)
         for i in range(cfg.acc_regs):
             acc[i] = d[i]
         wgmma_commit()
@@ -355,6 +358,7 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
         Uint32, cute.make_layout(cfg.smem_words), SWIZZLE_ATOM_BYTES)
     base = smem.iterator.toint()
     stage_bytes = cfg.stage_words * 4
+    desc0 = descriptor_lo(base)                      # stage 0, step 0
     nw = K_CHUNK * geo.groups * 2
     acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
     for i in cutlass.range_constexpr(cfg.acc_regs):
@@ -386,8 +390,8 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
             _copy_stage_async(xw, m0, k2, base + ((c + 2) % ASYNC_STAGES) * stage_bytes, tid,
                               cfg)
             w2 = _chunk_weight_words(tw, k2, tn, funnels, geo, cfg)
-            _mma_chunk(acc, a_prev, wreg, base + (c % ASYNC_STAGES) * stage_bytes, funnels,
-                       geo, cfg)
+            _mma_chunk(acc, a_prev, wreg, desc0 + (c % ASYNC_STAGES) * (stage_bytes >> 4),
+                       funnels, geo, cfg)
             for i in cutlass.range_constexpr(nw):
                 wreg[i] = wnext[i]
                 wnext[i] = w2[i]
@@ -405,7 +409,8 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
             kn = ks0 + cutlass.min(c + 1, last) * K_CHUNK
             xnext = _load_stage(xw, m0, kn, tid, cfg)
             wnext = _chunk_weight_words(tw, kn, tn, funnels, geo, cfg)
-            _mma_chunk(acc, a_prev, wreg, base + (c % STAGES) * stage_bytes, funnels, geo, cfg)
+            _mma_chunk(acc, a_prev, wreg, desc0 + (c % STAGES) * (stage_bytes >> 4), funnels,
+                       geo, cfg)
             for i in cutlass.range_constexpr(nw):
                 wreg[i] = wnext[i]
             _store_stage(base + ((c + 1) % STAGES) * stage_bytes, xnext, tid, cfg)

@@ -198,6 +198,8 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
     assert (desc_hi & 0x3FFF) * 16 == tw.SWIZZLE_ATOM_BYTES and desc_hi >> 30 == 1
     for kk in range(tw.K_CHUNK):
         lo = tw.descriptor_lo(base + stage * stage_bytes, kk)
+        # the kernel's way: stage 0's word plus stage and step offsets in 16-byte units
+        assert lo == tw.descriptor_lo(base) + stage * (stage_bytes >> 4) + 2 * kk
         assert lo >> 16 == 1                                  # leading byte offset field: 1
         start = (lo & 0x3FFF) * 16
         r = np.arange(cfg.m_tile)[:, None]
