@@ -1,5 +1,6 @@
 # Call 3 (~10 min, in order of value; the limit may cut the tail): the token-tile plans against
-# the prefill plan (wgmma and tiles, m = 64..4096), end-to-end decode, change 7 (byte windows)
+# the prefill plan (wgmma and tiles, m = 64..4096) and wgmma against decode (m = 16, 32), change
+# 7 (byte windows)
 # against the tree before it, the wgmma token tile, cp.async staging and the fused output
 # transform at m = 1024 (cp.async at 128), the "pairs" layout for the packed
 # kernels (validation, then A/B), memcheck of the row linear and tiles plans.
@@ -8,8 +9,6 @@ timeout 200 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PLAN --values 'prefi
 t "ab plans rc=$?"; grep '^{' $RES/3_ab_plans.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_plans.log | head; save
 timeout 120 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_PLAN --values 'decode|wgmma|decode|wgmma' --shapes 14336x4096,4096x14336,8192x28672 --K 4 --codebooks mcg,mul1 --m 16,32 --out $RES/3_ab_small.json > $RES/3_ab_small.log 2>&1
 t "ab decode/wgmma m=16,32 rc=$?"; grep '^{' $RES/3_ab_small.log | cut -c1-200; grep -i "Traceback" -A5 $RES/3_ab_small.log | head; save
-(cd scripts && timeout 230 python3 gpu_e2e_decode.py --cases dense:1:512,moe:1:512,moe:8:64 --codebook mcg --budget-s 200 --hard-limit-s 225 --out $RES/3_e2e.json > $RES/3_e2e.log 2>&1)
-t "e2e rc=$?"; grep -E "^dense|^moe|tok/s" $RES/3_e2e.log | cut -c1-200 | head -12; save
 for round in 1 2; do
   for name in prewin here; do
     tree $name

@@ -9,9 +9,9 @@ grep -qx '/.device/' .git/info/exclude || echo '/.device/' >> .git/info/exclude
 mkdir -p .device
 src=${CUTLASS_TARBALL:-../shared/device/cutlass_dsl_cp312_cu13.tar.xz}
 [ -f .device/cutlass_dsl_cp312_cu13.tar.xz ] || cp "$src" .device/
-# name -> commit: base = main before session 17 (55c788a), halves = change 1 alone (4dc549d),
-# prewin = before the byte windows (518d8db). Only what an install needs travels.
-for pair in base:55c788a halves:4dc549d prewin:518d8db; do
+# name -> commit: base = main before session 17 (55c788a), prewin = before the byte windows
+# (518d8db). Only what an install needs travels.
+for pair in base:55c788a prewin:518d8db; do
     name=${pair%%:*}; rev=${pair#*:}
     git archive "$rev" pyproject.toml README.md exl3_jax ffi models scripts | xz -T2 -6 > ".device/$name.tar.xz"
 done
