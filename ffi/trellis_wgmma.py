@@ -147,6 +147,15 @@ def swizzled_word(row, seg):
     return row * (ROW_BYTES // 4) + (seg ^ (row % 8)) * 4
 
 
+def d_fragment_position(warp, lane, i):
+    """(token within the tile, column within the CTA's 128) of accumulator register i of
+    ``lane`` in ``warp`` (0..7): wgmma m64nNk16's D fragment (warp w % 4 of a warpgroup holds
+    rows 16 (w % 4) + lane // 4 (+ 8 for registers 2, 3 of each 4), register 4j + r at column
+    8j + 2 (lane % 4) + r % 2), with D's rows the weight's output columns (warpgroup w // 4
+    at 64 (w // 4)) and its columns the tokens. Plain integer arithmetic."""
+    return (8 * (i // 4) + 2 * (lane % 4) + i % 2, 16 * warp + lane // 4 + 8 * ((i % 4) // 2))
+
+
 def descriptor_lo(stage_address, kk=0):
     """Low word of the B descriptor of k16 step kk of the stage at shared address
     ``stage_address`` (1024-byte aligned): the start address advances 32 bytes per step inside
@@ -326,11 +335,9 @@ def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
     4 columns through hadamard128_lane, * SCALE * svh * row scale + bias, one 16-byte store
     each; the arithmetic of hadamard._hadamard_out_kernel with one K-split, in its order."""
     cute.arch.sync_threads()                          # every warp is done with the stages
-    for j in range(cfg.m_tile // 8):
-        for r in range(4):
-            row = 8 * j + 2 * (lane % 4) + r % 2
-            col = 16 * warp + lane // 4 + 8 * (r // 2)
-            _st_shared_f32(base + (row * EPILOGUE_ROW_WORDS + col) * 4, d[4 * j + r])
+    for i in range(cfg.acc_regs):
+        row, col = d_fragment_position(warp, lane, i)
+        _st_shared_f32(base + (row * EPILOGUE_ROW_WORDS + col) * 4, d[i])
     cute.arch.sync_threads()
     col = bx * 128 + 4 * lane
     sv = [Float32(svh[col + e]) for e in range(4)]
@@ -418,16 +425,12 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
             cute.arch.sync_threads()
 
     d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
-    # D fragment of warp w: rows 16w + lane // 4 (+ 8 for registers 2, 3 of each 4) of the
-    # warpgroup's 64 = output columns; register 4j + r at token 8j + 2 (lane % 4) + r % 2.
     if cutlass.const_expr(cfg.fused_out):
         _fused_epilogue(d, base, out, svh, bias, scale, bx, m0, warp, lane, cfg)
     else:
-        for j in cutlass.range_constexpr(cfg.m_tile // 8):
-            for r in cutlass.range_constexpr(4):
-                col = tn * 16 + lane // 4 + 8 * (r // 2)
-                tok = m0 + 8 * j + 2 * (lane % 4) + r % 2
-                out[(by * cfg.m_pad + tok) * cfg.n + col] = d[4 * j + r]
+        for i in cutlass.range_constexpr(cfg.acc_regs):
+            row, col = d_fragment_position(warp, lane, i)
+            out[(by * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16 + col] = d[i]
 
 
 @cute.jit
@@ -441,5 +444,6 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-__all__ = ["ARCH", "K_CHUNK", "M_TILES", "STAGES", "WgmmaGemmConfig", "descriptor_lo",
+__all__ = ["ARCH", "K_CHUNK", "M_TILES", "STAGES", "WgmmaGemmConfig", "d_fragment_position",
+           "descriptor_lo",
            "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

@@ -214,6 +214,28 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, splits=32).validate()
 
 
+@needs_cutlass
+@pytest.mark.parametrize("m_tile", [32, 128, 256])
+def test_wgmma_d_fragments_and_epilogue_banks(m_tile):
+    # Every (token, column) of a CTA's tile is one accumulator register of one lane (the
+    # partials' stores and the fused epilogue both use d_fragment_position); the epilogue's
+    # fp32 rows (EPILOGUE_ROW_WORDS words apart) put each register's 32 lanes in 32 banks, and
+    # the rows' 16-byte reads stay inside one row.
+    from exl3_jax.ffi import trellis_wgmma as tw
+    warp, lane, i = np.meshgrid(np.arange(8), np.arange(32), np.arange(m_tile // 2),
+                                indexing="ij")
+    row, col = tw.d_fragment_position(warp, lane, i)
+    cells = row * 128 + col
+    assert sorted(cells.ravel()) == list(range(m_tile * 128))
+    # one warpgroup's D rows: warp w % 4 holds rows 16 (w % 4) .. + 15 of its 64
+    assert ((col // 16) == warp).all() and (col % 16 < 16).all()
+    words = row * tw.EPILOGUE_ROW_WORDS + col
+    for w in range(8):
+        for r in range(m_tile // 2):
+            assert len(set(words[w, :, r] % 32)) == 32
+    assert tw.EPILOGUE_ROW_WORDS >= 128 and tw.EPILOGUE_ROW_WORDS % 4 == 0
+
+
 def test_wgmma_plan_needs_hopper(monkeypatch):
     # The warpgroup MMA exists on sm_90a only: building the kernel config elsewhere is an error
     # that names the arch and the alternative, before anything is compiled.
