@@ -750,25 +750,32 @@ def test_linear_group_matches_its_members(rng, emulated_kernels, m, codebook, K,
         assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
 
 
+def _members_against_reference(rng, m, members, K, codebook):
+    """A linear group of ``members`` (or one 384-wide linear for ()) with biases on a random
+    [m, 512] x through the GPU dispatch (emulated kernels); each member's output within 1e-3
+    of linear_reference. Returns the weights."""
+    from exl3_jax.ops import trellis_matmul_group
+    ws = [random_weight(rng, 512, n, K, codebook, bias=True) for n in members or (384,)]
+    x = jnp.asarray(rng.standard_normal((m, 512)), jnp.float32)
+    ys = (trellis_matmul_group(x, ws, backend="gpu") if members
+          else [tg.trellis_matmul_gpu(x, ws[0])])
+    for y, w in zip(ys, ws):
+        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
+        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
+    return ws
+
+
 @pytest.mark.parametrize("codebook,K", [("mcg", 4), ("mul1", 3)])
 @pytest.mark.parametrize("members", [(), (256, 128, 128)])
 def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, members):
     # m = 1 through the three calls (no row linear): the one-token activation words, and the
     # kernel's padding token rows (copies of row 0 there) never reach the result.
-    from exl3_jax.ops import trellis_matmul_group
     monkeypatch.setenv(tg.ROW_LINEAR_ENV, "0")
-    ns = members or (384,)
-    ws = [random_weight(rng, 512, n, K, codebook, bias=True) for n in ns]
-    x = jnp.asarray(rng.standard_normal((1, 512)), jnp.float32)
-    ys = (trellis_matmul_group(x, ws, backend="gpu") if members
-          else [tg.trellis_matmul_gpu(x, ws[0])])
+    ws = _members_against_reference(rng, 1, members, K, codebook)
     cfg = emulated_kernels[-1][1]
     assert cfg.one_token and cfg.x_layout == "token" and cfg.m_pad == 8
-    for y, w in zip(ys, ws):
-        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
-        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
     monkeypatch.setenv(tg.ONE_TOKEN_ENV, "0")
-    assert not tg._mma_config(ws[0], plans.select_plan(1, 512, ns[0])).one_token
+    assert not tg._mma_config(ws[0], plans.select_plan(1, 512, ws[0].n)).one_token
     cls = type(cfg)
     with pytest.raises(ValueError, match="one token tile"):      # two token tiles
         cls(codebook, K, m_blocks=2, k=512, n=256, one_token=True).validate()
@@ -778,20 +785,12 @@ def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, 
 def test_pair_fragment_plumbing(rng, emulated_kernels, monkeypatch, members):
     # EXL3_JAX_PAIR_FRAGMENTS=1 at m = 12 (two token groups, packed): the input transform's
     # "pairs" words reach the kernel (emulated), the result is the reference's.
-    from exl3_jax.ops import trellis_matmul_group
     monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "1")
-    ns = members or (384,)
-    ws = [random_weight(rng, 512, n, 4, "mcg", bias=True) for n in ns]
-    x = jnp.asarray(rng.standard_normal((12, 512)), jnp.float32)
-    ys = (trellis_matmul_group(x, ws, backend="gpu") if members
-          else [tg.trellis_matmul_gpu(x, ws[0])])
+    ws = _members_against_reference(rng, 12, members, 4, "mcg")
     cfg = emulated_kernels[-1][1]
     assert cfg.pair_fragments and cfg.x_layout == "pairs" and cfg.m_groups == 2
-    for y, w in zip(ys, ws):
-        ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook, w.bias)
-        assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
     monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "0")
-    assert tg._mma_config(ws[0], plans.select_plan(12, 512, ns[0])).x_layout == "rows"
+    assert tg._mma_config(ws[0], plans.select_plan(12, 512, ws[0].n)).x_layout == "rows"
 
 
 def test_linear_group_falls_back_per_member(rng, emulated_kernels):
