@@ -405,6 +405,9 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
             cp_async_wait(1)                          # chunk c + 1 has landed
             proxy_fence_shared()
             cute.arch.sync_threads()
+        # The last copies (re-loads of the last chunk) must land before the epilogue reuses
+        # the buffer (fused_out) and before the CTA exits.
+        cp_async_wait(0)
     else:
         _store_stage(base, _load_stage(xw, m0, ks0, tid, cfg), tid, cfg)
         for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):

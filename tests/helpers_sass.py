@@ -127,3 +127,20 @@ def unfenced_shared_stores(instrs: list[tuple[str, str]]) -> list[str]:
                 bad += [w for w in open_writes if w not in bad]
             open_writes = []
     return bad
+
+
+def unwaited_async_copies(instrs: list[tuple[str, str]]) -> list[str]:
+    """Ordinary shared stores (STS) and EXITs issued while cp.async copies (LDGSTS) may still
+    be landing: groups close at LDGDEPBAR and retire at DEPBAR.LE SB0, N (at most N left)."""
+    bad, open_copies, groups = [], False, 0
+    for ins in unrolled(instrs):
+        if ins.startswith("LDGSTS"):
+            open_copies = True
+        elif ins.startswith("LDGDEPBAR"):
+            groups += open_copies
+            open_copies = False
+        elif ins.startswith("DEPBAR.LE SB0"):
+            groups = min(groups, int(ins.split(",")[-1], 16))
+        elif (ins.startswith("STS") or ins.startswith("EXIT")) and (groups or open_copies):
+            bad.append(ins)
+    return bad

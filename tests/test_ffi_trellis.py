@@ -1001,6 +1001,7 @@ def test_compile_only_wgmma_kernels(tmp_path):
         assert len(hgmma) >= 4 and all(", R" in ins.split("gdesc")[0] for ins in hgmma)
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
+        assert helpers_sass.unwaited_async_copies(code) == []
 
 
 def test_sass_checks_catch_breaches():
@@ -1028,6 +1029,10 @@ def test_sass_checks_catch_breaches():
     assert helpers_sass.unfenced_shared_stores(copied + ok[5:6] + ok[6:7] + ok[:4]) == []
     assert helpers_sass.unfenced_shared_stores(copied + ok[6:7] + ok[:4]) == [
         "DEPBAR.LE SB0, 0x1"]
+    # cp.async copies still landing when the epilogue stores or the CTA exits
+    tail = [("", "STS [R3], R24"), ("", "EXIT")]
+    assert helpers_sass.unwaited_async_copies(copied + [("", "DEPBAR.LE SB0, 0x0")] + tail) == []
+    assert helpers_sass.unwaited_async_copies(copied + tail) == [t[1] for t in tail]
     # a loop: the write at the top of the body hits the HGMMA issued at its bottom (pending
     # across the back edge)
     loop = [("", "WARPGROUP.ARRIVE"), (".L_x_0", "IMAD R96, R1, 0x2, RZ"),
