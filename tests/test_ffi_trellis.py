@@ -1002,6 +1002,7 @@ def test_compile_only_wgmma_kernels(tmp_path):
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
         assert helpers_sass.unwaited_async_copies(code) == []
+        assert not [ins for _, ins in code if ins.startswith(("STL", "LDL"))]    # no spills
 
 
 def test_sass_checks_catch_breaches():
