@@ -88,12 +88,18 @@ def check_decode_exact(cb, K, k, n):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
     in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
     plan: split pairs for 3inst / mcg, whose MMA sums each weight's two fp16 halves in fp32, so
-    the reference is the unrounded value), so the config costs one XLA compile."""
+    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma)
+    on all k one-hot rows at once (m = k), so the config costs one XLA compile. A mismatch
+    records its first few (row, column, got, want): a permuted fragment or stage layout shows
+    as a pattern there."""
+    from exl3_jax.ffi.aot import device_arch
     w = gb.random_weight(k, n, K, cb, seed=11)
     ref = np.asarray(decode_trellis(w.trellis, cb))                  # fp16 [k, n]
     dq_plan = select_plan(4096, k, n, force="prefill")
     plans = {32: select_plan(32, k, n, force="decode"), 1: select_plan(1, k, n, force="decode")}
     cfgs = {m: tg._mma_config(w, plan) for m, plan in plans.items()}
+    tile_plans = {kind: select_plan(k, k, n, force=kind)
+                  for kind in (("tiles", "wgmma") if device_arch() == "sm_90a" else ("tiles",))}
 
     @jax.jit
     def run(w, eye):
@@ -107,9 +113,12 @@ def check_decode_exact(cb, K, k, n):
                 lambda e, plan=plan, init=init: tg.mma_partials(e, w, plan, out_init=init),
                 eye.reshape(k // m, m, k))                     # [k/m, splits, m_pad, n]
             rows[m] = jnp.sum(part[:, :, :m], axis=1).reshape(k, n)
-        return wt, rows
+        tiles = {kind: tg.rotated_matmul(eye, w, plan, poison=True)   # NaN-poisoned partials
+                 for kind, plan in tile_plans.items()}
+        return wt, rows, tiles
 
-    wt, rows = run(w, jnp.eye(k, dtype=jnp.float16))
+    wt, rows, tiles = run(w, jnp.eye(k, dtype=jnp.float16))
+    rows.update(tiles)
     wt = np.asarray(wt)
     res = {"codebook": cb, "K": K, "k": k, "n": n, "splits": cfgs[32].splits,
            "m1_split_pairs": cfgs[1].split_pairs}
@@ -117,11 +126,21 @@ def check_decode_exact(cb, K, k, n):
     want = {32: ref.astype(np.float32),
             1: np.asarray(decode_trellis(w.trellis, cb, unrounded=cfgs[1].split_pairs),
                           np.float32)}
-    for m, key in ((32, "mma_mismatches"), (1, "mma_m1_mismatches")):
+    for kind in tile_plans:
+        want[kind] = want[32]
+    keys = [(32, "mma_mismatches"), (1, "mma_m1_mismatches")] + [
+        (kind, f"{kind}_mismatches") for kind in tile_plans]
+    for m, key in keys:
         got = np.asarray(rows[m], np.float32)
-        res[key] = int(np.sum(got.view(np.uint32) != want[m].view(np.uint32)))
+        bad = got.view(np.uint32) != want[m].view(np.uint32)
+        res[key] = int(np.sum(bad))
+        if res[key]:
+            res[key.replace("mismatches", "first_bad")] = [
+                [int(r), int(c), float(got[r, c]), float(want[m][r, c])]
+                for r, c in zip(*np.nonzero(bad))][:6]
     res["dequant_bit_exact"] = res["dequant_mismatches"] == 0
     res["mma_bit_exact"] = res["mma_mismatches"] == 0 and res["mma_m1_mismatches"] == 0
+    res["token_tiles_bit_exact"] = all(res[f"{kind}_mismatches"] == 0 for kind in tile_plans)
     return res
 
 
@@ -376,8 +395,10 @@ def run_validation(args) -> dict:
             rows.append(r)
             log(f"[decode_exact] {cb:5} K={K:<4} " + " ".join(
                 f"{key}={r[key]}" for key in ("dequant_bit_exact", "mma_bit_exact",
-                                              "dequant_mismatches", "mma_mismatches",
-                                              "mma_m1_mismatches", "error")
+                                              "token_tiles_bit_exact", "dequant_mismatches",
+                                              "mma_mismatches", "mma_m1_mismatches",
+                                              "tiles_mismatches", "wgmma_mismatches",
+                                              "tiles_first_bad", "wgmma_first_bad", "error")
                 if key in r))
         return rows
 
@@ -464,7 +485,9 @@ def summarize(report):
         res = sec["result"]
         if name == "decode_exact":
             ok = [r for r in res if r.get("dequant_bit_exact") and r.get("mma_bit_exact")]
-            log(f"SUMMARY decode_exact: {len(ok)}/{len(res)} configs bit-exact (both kernels)")
+            log(f"SUMMARY decode_exact: {len(ok)}/{len(res)} configs bit-exact (both kernels); "
+                f"token-tile kernels bit-exact in "
+                f"{sum(bool(r.get('token_tiles_bit_exact')) for r in res)}/{len(res)}")
         elif name == "gemm":
             ok = [r for r in res if r.get("ok")]
             worst = max((r.get("rel_l2", 0) for r in res if r.get("ok")), default=None)
