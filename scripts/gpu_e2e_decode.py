@@ -1,8 +1,8 @@
 """End-to-end generate throughput with the GPU kernels on synthetic 4 bpw models built in memory.
 
   python scripts/gpu_e2e_decode.py [--out $OUT/gpu_e2e_decode.json] [--budget-s 220]
-      [--cases moe:1:512,moe:8:64,dense:1:512,dense:8:64] [--new 64] [--repeats 5]
-      [--codebook mcg] [--tiny]
+      [--cases moe:1:512,moe:8:64,dense:1:512,dense:8:64,moe:1:512:tp2:experts] [--new 64]
+      [--repeats 5] [--codebook mcg] [--tiny]
 
 Models (random int16 trellis drawn on the device with jax.random, suh ~ N(0,1)/sqrt(in),
 svh ~ N(0, 0.5^2) (0 on padded outputs), norms 1, N(0,1) fp16 embeddings; body K=4, lm_head K=6;
@@ -72,10 +72,11 @@ LLAMA3_8B = dict(
     tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001)
 TINY = {
     "moe": dict(QWEN3_30B_A3B, vocab_size=512, hidden_size=256, intermediate_size=512,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128),
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256),
+    # head_dim 128: a KV head is one Hadamard block, so --tiny cases can also run at tp2
     "dense": dict(LLAMA3_8B, vocab_size=512, hidden_size=256, intermediate_size=512,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128),
 }
 TINY["dense_bf16"] = TINY["dense"]
 FULL = {"moe": QWEN3_30B_A3B, "dense": LLAMA3_8B, "dense_bf16": LLAMA3_8B}
@@ -335,21 +336,54 @@ def speedups_over_bf16(cases: list[dict]) -> dict:
     """{'b<batch>': EXL3 dense decode tok/s / bf16 dense decode tok/s} for batches measured in
     both models (the issue's end-to-end target is >= 1.8 at batch 1)."""
     rate = {(c["model"], c["batch"]): c["decode_tokens_per_s"] for c in cases
-            if c.get("decode_tokens_per_s")}
+            if c.get("decode_tokens_per_s") and c.get("tp", 1) == 1}
     return {f"b{b}": round(r / rate[("dense_bf16", b)], 3)
             for (name, b), r in sorted(rate.items())
             if name == "dense" and ("dense_bf16", b) in rate}
 
 
-def parse_cases(text: str) -> list[tuple[str, int, int]]:
+MOE_MODES = ("experts", "tensor")
+
+
+def parse_cases(text: str) -> list[tuple[str, int, int, int, str]]:
+    """(model, batch, prompt, tp, moe_mode) per "model:batch:prompt[:tpN[:experts|tensor]]"."""
     cases = []
     for item in filter(None, text.split(",")):
         parts = item.split(":")
-        if len(parts) != 3 or parts[0] not in FULL:
-            raise SystemExit(f"bad case {item!r}: expected model:batch:prompt with model in "
-                             f"{sorted(FULL)}")
-        cases.append((parts[0], int(parts[1]), int(parts[2])))
+        tp, mode = 1, "experts"
+        if len(parts) >= 4:
+            tp = int(parts[3][2:]) if parts[3].startswith("tp") and parts[3][2:].isdigit() else 0
+            mode = parts[4] if len(parts) == 5 else mode
+        if (not 3 <= len(parts) <= 5 or parts[0] not in FULL or tp < 1
+                or mode not in MOE_MODES):
+            raise SystemExit(f"bad case {item!r}: expected model:batch:prompt[:tpN[:mode]] with "
+                             f"model in {sorted(FULL)}, N >= 1 and mode in {MOE_MODES}")
+        cases.append((parts[0], int(parts[1]), int(parts[2]), tp, mode))
     return cases
+
+
+def case_label(name: str, batch: int, prompt: int, tp: int, mode: str) -> str:
+    return f"{name}:b{batch}:p{prompt}" + (f":tp{tp}:{mode}" if tp > 1 else "")
+
+
+def tp_scaling(cases: list[dict]) -> list[dict]:
+    """Per sharded case, its decode and prefill tokens/s over the same model and batch at tp=1:
+    the speedup and the scaling efficiency (speedup / tp)."""
+    base = {(c["model"], c["batch"]): c for c in cases
+            if c.get("tp", 1) == 1 and c.get("decode_tokens_per_s")}
+    rows = []
+    for c in cases:
+        one = base.get((c["model"], c.get("batch")))
+        if c.get("tp", 1) == 1 or not c.get("decode_tokens_per_s") or one is None:
+            continue
+        row = {"case": c["case"], "tp": c["tp"], "moe_mode": c["moe_mode"]}
+        for key in ("decode_tokens_per_s", "prefill_tokens_per_s"):
+            if c.get(key) and one.get(key):
+                speedup = c[key] / one[key]
+                row[key.replace("tokens_per_s", "speedup")] = round(speedup, 3)
+                row[key.replace("tokens_per_s", "efficiency")] = round(speedup / c["tp"], 3)
+        rows.append(row)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -357,8 +391,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                  "gpu_e2e_decode.json"))
     p.add_argument("--cases", default=None,
-                   help=f"model:batch:prompt, in order (default {DEFAULT_CASES}; with --tiny "
-                        f"{TINY_CASES}); the batch-1 512-token case gives the prefill number")
+                   help=f"model:batch:prompt[:tpN[:experts|tensor]], in order (default "
+                        f"{DEFAULT_CASES}; with --tiny {TINY_CASES}); the batch-1 512-token case "
+                        f"gives the prefill number; tpN shards the model over N devices "
+                        f"(Generator(mesh=parallel.make_mesh(N)), MoE layers expert-parallel or "
+                        f"tensor-split)")
     p.add_argument("--new", type=int, default=None,
                    help="decode steps N of the long call (default 64; 8 with --tiny)")
     p.add_argument("--repeats", type=int, default=5)
@@ -434,9 +471,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(a.seed)
     last = None          # (model name, wall seconds) of the last case that ran
     ok = True
-    for name, batch, prompt in cases:
+    for name, batch, prompt, tp, mode in cases:
         cfg = configs[name]
-        case = {"case": f"{name}:b{batch}:p{prompt}", "model": name}
+        case = {"case": case_label(name, batch, prompt, tp, mode), "model": name, "tp": tp,
+                "moe_mode": mode}
         # cost estimate: the last case, scaled by layers; a model build adds its last build
         est = 0.0
         if last is not None:
@@ -469,9 +507,14 @@ def main(argv=None) -> int:
                 write_result()
             model, gens = models[name]
             min_bucket = bucket(a.new)
-            if min_bucket not in gens:
-                gens[min_bucket] = Generator(model, min_bucket=min_bucket)
-            gen = gens[min_bucket]
+            if tp > jax.device_count():
+                raise RuntimeError(f"tp={tp} needs {tp} devices, {jax.device_count()} seen")
+            if (min_bucket, tp, mode) not in gens:
+                from exl3_jax.parallel import make_mesh
+                gens[(min_bucket, tp, mode)] = Generator(
+                    model, min_bucket=min_bucket, mesh=make_mesh(tp) if tp > 1 else None,
+                    moe_mode=mode)
+            gen = gens[(min_bucket, tp, mode)]
             counters.reset()
             cute_s0 = cute.seconds if cute else 0.0
             row = measure_case(gen, cfg, batch, prompt, a.new, a.repeats, rng)
@@ -510,6 +553,7 @@ def main(argv=None) -> int:
     timer.cancel()
     result.pop("in_progress", None)
     result["dense_speedup_over_bf16"] = speedups_over_bf16(result["cases"])
+    result["tp_scaling"] = tp_scaling(result["cases"])
     write_result()
 
     print(f"\n{result['device']}  jax {result['versions']['jax']}  cutlass-dsl "
@@ -526,6 +570,8 @@ def main(argv=None) -> int:
               f"{c['dense_linears_backend']:>8} {c.get('moe_path', '-'):>22}")
     if result["dense_speedup_over_bf16"]:
         print(f"dense EXL3 / bf16 decode tok/s: {result['dense_speedup_over_bf16']}")
+    for row in result["tp_scaling"]:
+        print(f"scaling {json.dumps(row)}")
     print(f"wrote {a.out}", flush=True)
     return 0 if ok and any("decode_tokens_per_s" in c for c in result["cases"]) else 1
 
