@@ -84,6 +84,23 @@ def poisoned_forward(x, w, plan):
                                scale)
 
 
+def layout_diagnosis(got, want) -> dict:
+    """Where a mismatching [k, n] result's rows and columns occur in the reference: for each
+    axis, how many of got's lines equal some line of want exactly, and the most common offsets
+    (found index - index). A permuted stage or fragment layout shows as a few offsets (e.g. an
+    XOR pattern of 8 rows), a wrong decode as no line found."""
+    import collections
+    res = {}
+    for axis, (g, w) in (("rows", (got, want)), ("cols", (got.T, want.T))):
+        where = {bytes(np.ascontiguousarray(line).view(np.uint8)): i for i, line in enumerate(w)}
+        found = [(i, where.get(bytes(np.ascontiguousarray(line).view(np.uint8))))
+                 for i, line in enumerate(g)]
+        hits = [(i, j) for i, j in found if j is not None]
+        res[f"{axis}_found"] = f"{len(hits)}/{len(found)}"
+        res[f"{axis}_offsets"] = collections.Counter(j - i for i, j in hits).most_common(4)
+    return res
+
+
 def check_decode_exact(cb, K, k, n):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
     in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
@@ -138,6 +155,7 @@ def check_decode_exact(cb, K, k, n):
             res[key.replace("mismatches", "first_bad")] = [
                 [int(r), int(c), float(got[r, c]), float(want[m][r, c])]
                 for r, c in zip(*np.nonzero(bad))][:6]
+            res[key.replace("mismatches", "layout")] = layout_diagnosis(got, want[m])
     res["dequant_bit_exact"] = res["dequant_mismatches"] == 0
     res["mma_bit_exact"] = res["mma_mismatches"] == 0 and res["mma_m1_mismatches"] == 0
     res["token_tiles_bit_exact"] = all(res[f"{kind}_mismatches"] == 0 for kind in tile_plans)
@@ -398,7 +416,8 @@ def run_validation(args) -> dict:
                                               "token_tiles_bit_exact", "dequant_mismatches",
                                               "mma_mismatches", "mma_m1_mismatches",
                                               "tiles_mismatches", "wgmma_mismatches",
-                                              "tiles_first_bad", "wgmma_first_bad", "error")
+                                              "tiles_first_bad", "wgmma_first_bad",
+                                              "tiles_layout", "wgmma_layout", "error")
                 if key in r))
         return rows
 
