@@ -101,7 +101,7 @@ def layout_diagnosis(got, want) -> dict:
     return res
 
 
-def check_decode_exact(cb, K, k, n):
+def check_decode_exact(cb, K, k, n, kinds=None):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
     in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
     plan: split pairs for 3inst / mcg, whose MMA sums each weight's two fp16 halves in fp32, so
@@ -116,7 +116,8 @@ def check_decode_exact(cb, K, k, n):
     plans = {32: select_plan(32, k, n, force="decode"), 1: select_plan(1, k, n, force="decode")}
     cfgs = {m: tg._mma_config(w, plan) for m, plan in plans.items()}
     tile_plans = {kind: select_plan(k, k, n, force=kind)
-                  for kind in (("tiles", "wgmma") if device_arch() == "sm_90a" else ("tiles",))}
+                  for kind in (("tiles", "wgmma") if device_arch() == "sm_90a" else ("tiles",))
+                  if kinds is None or kind in kinds}
 
     @jax.jit
     def run(w, eye):
@@ -407,7 +408,7 @@ def run_validation(args) -> dict:
         rows = []
         for cb, K in configs(args.quick):
             try:
-                r = check_decode_exact(cb, K, k, n)
+                r = check_decode_exact(cb, K, k, n, kinds)
             except Exception as e:   # noqa: BLE001
                 r = {"codebook": cb, "K": K, "error": f"{type(e).__name__}: {e}"[:2000]}
             rows.append(r)
@@ -649,8 +650,9 @@ def main(argv=None) -> int:
                         "row_scale (default: all; group only with --group)")
     p.add_argument("--m", default=None, help="gemm section's m values (default: the issue's)")
     p.add_argument("--kinds", default=None,
-                   help="gemm section's plan kinds, e.g. decode,prefill,tiles or wgmma,"
-                        "wgmma_async,wgmma_fused (default: every kind the device runs)")
+                   help="plan kinds of the gemm section and of decode_exact's token-tile "
+                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_async,wgmma_fused "
+                        "(default: every kind the device runs)")
     p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "wgmma", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")
