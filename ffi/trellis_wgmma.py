@@ -1,5 +1,5 @@
 """Trellis GEMM on Hopper's warpgroup MMA (wgmma, sm_90a only): weights decoded in registers
-straight into wgmma's A operand, token tiles of 64-256 staged in shared memory (the "wgmma" plan).
+straight into wgmma's A operand, token tiles of 32-256 staged in shared memory (the "wgmma" plan).
 
     partial[s, m, n] = sum over split s's k16 steps of  xh[m, k16 step] @ W_hat[k16 step, n]
 
@@ -21,6 +21,11 @@ after next at its end (then fence.proxy.async and one barrier). Three stages bec
 keeps one wgmma in flight (wait_group 1 after each issue): when any warp writes stage
 (c + 1) % 3 at the end of chunk c, every warpgroup is past chunk c - 1's barrier, so chunk c - 2
 (the stage's last reader) has retired everywhere.
+
+Options (WgmmaGemmConfig): ``async_copy`` stages the activations with cp.async two chunks ahead
+through a ring of 4 (the weight words two chunks ahead in registers) instead of through
+registers; ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
+block) applies the output transform in the epilogue and writes y instead of partials.
 
 Per k16 step a warp: decodes the tile (overlapping the warpgroup's wgmma in flight), wgmma.fence,
 one wgmma m64n{m_tile}k16 (A: its 4 registers; B: the stage's descriptor advanced by 32 bytes per
@@ -312,8 +317,8 @@ def _chunk_weight_words(tw, ks, tn, funnels, geo, cfg):
 def _mma_chunk(acc, a_prev, wreg, desc_lo, funnels, geo, cfg):
     """The chunk's K_CHUNK steps: decode the warp's tile into A, one wgmma each against the
     stage whose step-0 descriptor word is ``desc_lo``, one in flight (acc, a_prev, wreg:
-    register tensors). Plain Python
-    inlined at trace time, hence ``range``: the DSL preprocessor rewrites only the kernels."""
+    register tensors). Plain Python inlined at trace time, hence ``range``: the DSL
+    preprocessor rewrites only the kernels."""
     g2 = geo.groups * 2
     for kk in range(K_CHUNK):
         words = [(wreg[kk * g2 + 2 * q], wreg[kk * g2 + 2 * q + 1]) for q in range(geo.groups)]
