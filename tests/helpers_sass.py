@@ -144,3 +144,16 @@ def unwaited_async_copies(instrs: list[tuple[str, str]]) -> list[str]:
         elif (ins.startswith("STS") or ins.startswith("EXIT")) and (groups or open_copies):
             bad.append(ins)
     return bad
+
+
+def spilling_cubins(folder) -> dict[str, int]:
+    """{cubin file name: local-memory loads and stores (STL / LDL)} for the cubins in ``folder``
+    that spill registers (empty: none does)."""
+    out = {}
+    for path in sorted(os.listdir(folder)):
+        if path.endswith(".cubin"):
+            code = disassemble(os.path.join(folder, path))
+            spills = sum(1 for _, ins in code if ins.startswith(("STL", "LDL")))
+            if spills:
+                out[path] = spills
+    return out

@@ -943,11 +943,17 @@ def test_compile_cases_cover_the_plan_parameters():
 
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-def test_compile_only(arch):
+def test_compile_only(arch, tmp_path):
     # had_in, GEMM kernel, had_out; one token (every m = 1 case here has a row tiling): the row
-    # linear's one call of two kernels
+    # linear's one call of two kernels. No kernel spills registers to local memory (a register
+    # cap or a layout change that does is a slowdown no other CPU check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
-    for row in check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900):
+    keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
+    rows = check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900, env=keep)
+    if helpers_sass.nvdisasm() is not None:
+        assert len(list(tmp_path.glob("*.cubin"))) >= len(COMPILE_CASES)
+        assert helpers_sass.spilling_cubins(tmp_path) == {}
+    for row in rows:
         members = tuple(row.get("members", ()))
         one = row["m"] == 1 and row["plan"] == "decode"
         assert not one or row_plan(row["codebook"], row["K"], row["k"], row["n"], members)
@@ -1003,6 +1009,43 @@ def test_compile_only_wgmma_kernels(tmp_path):
         assert helpers_sass.unfenced_shared_stores(code) == []
         assert helpers_sass.unwaited_async_copies(code) == []
         assert not [ins for _, ins in code if ins.startswith(("STL", "LDL"))]    # no spills
+
+
+LOCAL_MEMORY_PTX = """.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry local_array(.param .u64 out)
+{
+  .local .align 4 .b8 buf[64];
+  .reg .b32 r<4>;
+  .reg .b64 rd<4>;
+  mov.u32 r1, %tid.x;
+  and.b32 r2, r1, 15;
+  shl.b32 r2, r2, 2;
+  mov.u64 rd1, buf;
+  cvt.u64.u32 rd2, r2;
+  add.u64 rd1, rd1, rd2;
+  st.local.u32 [rd1], r1;
+  ld.local.u32 r3, [rd1];
+  ld.param.u64 rd3, [out];
+  st.global.u32 [rd3], r3;
+  ret;
+}
+"""
+
+
+def test_spill_check_sees_local_memory(tmp_path):
+    # spilling_cubins on a kernel that does use local memory (a run-time indexed array, what a
+    # spill compiles to as well): it must report it.
+    import shutil
+    import subprocess
+    if shutil.which("ptxas") is None or helpers_sass.nvdisasm() is None:
+        pytest.skip("needs ptxas and nvdisasm")
+    (tmp_path / "k.ptx").write_text(LOCAL_MEMORY_PTX)
+    subprocess.run(["ptxas", "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o",
+                    str(tmp_path / "k.cubin")], check=True, timeout=60)
+    found = helpers_sass.spilling_cubins(tmp_path)
+    assert list(found) == ["k.cubin"] and found["k.cubin"] >= 1
 
 
 def test_sass_checks_catch_breaches():
