@@ -37,7 +37,7 @@ Environment:
                                               default 0, not measured yet).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,async_copy]
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,async_copy[,fused_out]]
                                               the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
@@ -293,7 +293,7 @@ def tiles_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=Non
 
     cfg = _tiles_config(weight, plan)
     tw = trellis_words(weight.trellis)
-    rows = cfg.m_pad if getattr(cfg, "fused_out", False) else cfg.splits * cfg.m_pad
+    rows = cfg.m_pad if cfg.fused_out else cfg.splits * cfg.m_pad
     shape = jax.ShapeDtypeStruct((rows * cfg.n,), jnp.float32)
     if plan.kind == "wgmma":
         from .trellis_wgmma import launch_trellis_wgmma as launch

@@ -46,6 +46,8 @@ class TokenTiles(KSplitShape):
     properties cta_n16 (n16 tiles per CTA), chunk_steps (k16 steps per shared-memory stage) and
     threads."""
 
+    fused_out = False      # the kernel writes K-split partials (WgmmaGemmConfig's field: or y)
+
     @property
     def m_pad(self) -> int:
         return self.m_blocks * self.m_tile

@@ -10,7 +10,7 @@ Plan kinds:
   * "tiles" (forced only, not yet measured): the large-token-tile MMA kernel
     (ffi/trellis_tiles.py): each weight tile decoded once per 64 or 128 tokens.
   * "wgmma" (forced only, not yet measured; Hopper only): the same decode-once-per-token-tile
-    scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 64-256.
+    scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 32-256.
   * "prefill" (m > DECODE_MAX_M): the dequantize kernel writes W_hat^T (fp16) and XLA runs the
     GEMM. Chosen over the MMA kernel with more token tiles because that kernel re-decodes the
     weights once per 32 tokens; the crossover is to be re-measured on the H200 (bench/NOTES.md).
@@ -100,6 +100,15 @@ def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPl
     return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
 
 
+def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int) -> int:
+    """The fewest K-splits (whole chunks of ``chunk`` k16 steps each, at most TILES_MAX_SPLITS)
+    that give a token-tile plan's grid (128-column CTAs x token tiles) ``ctas`` CTAs, else the
+    most allowed."""
+    grid = (n16 // 8) * -(-m // m_tile)
+    allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % chunk == 0]
+    return next((s for s in allowed if grid * s >= ctas), allowed[-1])
+
+
 def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
                tiling: tuple | None = None) -> TrellisPlan:
     """Large-token-tile MMA plan (ffi/trellis_tiles.py; any m, meant for 32 < m): token tiles
@@ -113,10 +122,8 @@ def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         return TrellisPlan("tiles", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps,
                            splits=splits, unroll=chunk)
     m_tile = 64 if m <= 64 else 128
-    ctas = (n16 // 8) * -(-m // m_tile)
     chunk = 4
-    allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % chunk == 0]
-    splits = next((s for s in allowed if ctas * s >= 2 * sms), allowed[-1])
+    splits = _token_tile_splits(m, k16, n16, m_tile, chunk, 2 * sms)
     return TrellisPlan("tiles", m, m_tile=m_tile, n_tiles=1, warps=8, splits=splits,
                        unroll=chunk)
 
@@ -138,9 +145,7 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
                            async_copy=bool(rest and rest[0]), fused_out=fused)
     m_tile = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256
-    ctas = (n16 // 8) * -(-m // m_tile)
-    allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % 4 == 0]
-    splits = next((s for s in allowed if ctas * s >= sms), allowed[-1])
+    splits = _token_tile_splits(m, k16, n16, m_tile, 4, sms)
     return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits,
                        fused_out=splits == 1)
 
