@@ -58,6 +58,7 @@ from jax import lax
 from exl3_jax.ops.plans import DEFAULT_SMS, TrellisPlan, select_plan
 from exl3_jax.trellis import Exl3Weight, hadamard128
 
+from . import emulate
 from .trellis_geometry import lane_geometry, supported_rates
 
 PLAN_ENV = "EXL3_JAX_PLAN"
@@ -72,9 +73,15 @@ PAIR_FRAGMENTS_ENV = "EXL3_JAX_PAIR_FRAGMENTS"
 TILES_ENV = "EXL3_JAX_TILES"
 WGMMA_ENV = "EXL3_JAX_WGMMA"
 
+if emulate.enabled():        # before any kernel call traces (scripts call the kernels directly)
+    emulate.install()
+
 
 @functools.lru_cache(maxsize=None)
 def _cutlass_jax_ok() -> bool:
+    if emulate.enabled():
+        emulate.install()
+        return True
     try:
         import cutlass.jax
     except Exception:          # ImportError, or a broken CUDA toolkit
@@ -85,7 +92,10 @@ def _cutlass_jax_ok() -> bool:
 def available() -> bool:
     """True when the CuTe DSL kernels can run in this process: a CUDA backend and either
     cutlass.jax or ahead-of-time artifacts ($EXL3_JAX_AOT_DIR, checked first so an AOT-only
-    process never imports the CuTe compiler)."""
+    process never imports the CuTe compiler); or EXL3_JAX_EMULATE=1 (ffi/emulate.py: the
+    kernels' PTX interpreted on the CPU)."""
+    if emulate.enabled():
+        return _cutlass_jax_ok()
     try:
         on_gpu = jax.default_backend() == "gpu"
     except RuntimeError:

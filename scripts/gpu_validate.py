@@ -281,6 +281,18 @@ ROW_SHAPES = ((1024, 512, None), (4096, 4096, None), (14336, 4096, None),
               (4096, 6144, (4096, 1024, 1024)), (4096, 28672, (14336, 14336)))
 
 
+def row_shapes(spec: str | None):
+    """ROW_SHAPES, or --row-shapes 'KxN[:m1+m2+..],...' (members: a group's widths)."""
+    if not spec:
+        return ROW_SHAPES
+    out = []
+    for item in spec.split(","):
+        shape, _, members = item.partition(":")
+        k, n = (int(v) for v in shape.split("x"))
+        out.append((k, n, tuple(int(v) for v in members.split("+")) if members else None))
+    return tuple(out)
+
+
 def check_row_linear(cb, K, k, n, members):
     """One bf16 token through the row linear and the three-call decode path (module docstring);
     member 0 carries a bias."""
@@ -466,7 +478,7 @@ def run_validation(args) -> dict:
         rows = []
         # every config once, each on the next shape (a config count of 5 covers all 5 twice)
         for (cb, K), (rk, rn, members) in zip(itertools.cycle(configs(args.quick)),
-                                               ROW_SHAPES * 2):
+                                               row_shapes(args.row_shapes) * 2):
             if time.time() > deadline:
                 rows.append({"skipped": "budget"})
                 break
@@ -649,6 +661,9 @@ def main(argv=None) -> int:
                    help="comma-separated subset of decode_exact,row_linear,group,gemm,dispatch,"
                         "row_scale (default: all; group only with --group)")
     p.add_argument("--m", default=None, help="gemm section's m values (default: the issue's)")
+    p.add_argument("--row-shapes", default=None,
+                   help="row_linear section's shapes, 'KxN[:m1+m2+..],...' (default: Llama-3-8B "
+                        "and test shapes)")
     p.add_argument("--kinds", default=None,
                    help="plan kinds of the gemm section and of decode_exact's token-tile "
                         "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_async,wgmma_fused "

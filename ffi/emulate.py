@@ -1,0 +1,168 @@
+"""Run the CuTe DSL custom calls on the CPU through the PTX interpreter (EXL3_JAX_EMULATE=1).
+
+Why: the kernels can only be timed on a GPU, but what they compute, where they read and write
+and how they synchronise is fixed by the PTX that CuTe DSL emits, which any machine can build.
+With EXL3_JAX_EMULATE=1 (and CUTE_DSL_ARCH, sm_90a by default, set before cutlass is
+imported) ``trellis_gemm.available()`` is true on the CPU and every cutlass_call lowers to a
+host callback: at trace time the call's launcher is compiled with cute.compile while a hook on
+the DSL's kernel launches records each kernel it launches (name, grid, block, which launcher
+tensors it takes, the shared memory its SmemAllocator asked for); at run time each tensor gets
+its own bounded buffer (outputs filled with 0xFF bytes, i.e. NaN, unless aliased to an input)
+and the recorded launches run in order in ``ptx_interpreter``. So the package's jitted GPU
+paths (transforms, kernels, plans, layouts) and the GPU validation scripts run unchanged, at
+roughly 1e5-1e6 weights per second: small shapes only."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import tempfile
+import threading
+
+import jax
+import numpy as np
+
+from . import ptx_interpreter as emu
+
+EMULATE_ENV = "EXL3_JAX_EMULATE"
+ARCH_ENV = "CUTE_DSL_ARCH"
+DEFAULT_ARCH = "sm_90a"
+_lock = threading.Lock()
+# The latest emulated launches (kernel, grid, block, smem), for tests and debugging.
+LAUNCH_LOG: collections.deque = collections.deque(maxlen=256)
+
+
+def _mlir_values(obj) -> list:
+    try:
+        return list(obj.__extract_mlir_values__())
+    except Exception:
+        return []
+
+
+_ORIGINALS: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(fn, spec):
+    """PTX module and launch records of one cutlass_call (cached per launcher and spec)."""
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+    from cutlass.jax.compile import jit_wrapper
+    from cutlass.memory.smem import SmemAllocator
+
+    seen: dict = {}
+    records: list = []
+    # The DSL's own methods, saved by install(): the class attributes are patched only while
+    # _lock is held, but host callbacks of one program run on several threads.
+    orig, orig_alloca = _ORIGINALS["launch"], _ORIGINALS["alloca"]
+    allocs: list = []
+
+    def recording_alloca(self, layout, dtype, byte_alignment, *args, **kwargs):
+        allocs.append((cute.size(layout) * max(dtype.width, 8) // 8, byte_alignment))
+        return orig_alloca(self, layout, dtype, byte_alignment, *args, **kwargs)
+
+    def recording_fn(stream, *tensors, **kwargs):
+        seen["tensors"] = tensors
+        return fn(stream, *tensors, **kwargs)
+
+    def recording_launch(self, *args, **kwargs):
+        tensors = seen["tensors"]
+        values = [_mlir_values(t) for t in tensors]
+        params = []
+        for a in self.func_args:
+            if not hasattr(a, "__extract_mlir_values__") or isinstance(a, (int, float)):
+                continue                                # a constexpr argument: no parameter
+            # The same object as a launcher tensor, or (when the DSL re-wraps arguments on a
+            # cache miss) the same SSA values.
+            hit = [i for i, t in enumerate(tensors) if t is a] or \
+                [i for i, v in enumerate(values) if v and v == _mlir_values(a)]
+            if not hit:
+                raise RuntimeError(f"{self.funcBody.__name__}: a kernel tensor argument that is "
+                                   "not one of its launcher's tensors (not emulated)")
+            params.append(hit[0])
+        del allocs[:]
+        out = orig(self, *args, **kwargs)            # traces the kernel body
+        smem = 0
+        for nbytes, align in allocs:                 # the allocator's packing, as an upper bound
+            smem = -(-smem // align) * align + int(nbytes)
+        records.append(dict(kernel=self.funcBody.__name__, params=params,
+                            grid=tuple(int(g) for g in kwargs["grid"]),
+                            block=tuple(int(b) for b in kwargs["block"]),
+                            smem=int(kwargs.get("smem") or smem)))
+        return out
+
+    with _lock:
+        KernelLauncher.launch = recording_launch
+        SmemAllocator._smem_alloca = recording_alloca
+        try:
+            with tempfile.TemporaryDirectory() as dump:    # --keep-ptx writes a file
+                compiled = cute.compile(jit_wrapper, cuda.CUstream(0), *spec.get_compile_args(),
+                                        wrapped_fn=recording_fn, spec=spec,
+                                        options=f"--keep-ptx --dump-dir={dump}")
+                ptx = compiled.__ptx__
+        finally:
+            KernelLauncher.launch = orig
+            SmemAllocator._smem_alloca = orig_alloca
+    if not ptx:
+        raise RuntimeError("cute.compile gave no PTX")
+    module = emu.PtxModule(ptx)
+    if not records:
+        raise RuntimeError("no kernel launch was traced (a cached build?)")
+    return module, records
+
+
+def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]:
+    """Execute one cutlass_call with NumPy inputs; returns its outputs."""
+    module, records = _compile(fn, spec)
+    mem = emu.GlobalMemory()
+    in_addr = [mem.alloc(np.asarray(x), f"input{i}") for i, x in enumerate(inputs)]
+    aliased = dict((o, i) for i, o in spec.input_output_aliases)
+    out_addr = {}
+    for j, s in enumerate(out_shapes):
+        if j not in aliased:
+            out_addr[j] = mem.alloc(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize,
+                                    f"output{j}")
+    kernel_tensors = in_addr + [out_addr[j] for j in range(len(out_shapes)) if j not in aliased]
+    for r in records:
+        LAUNCH_LOG.append(r)
+        emu.launch(module, r["kernel"], r["grid"], r["block"],
+                   [kernel_tensors[p] for p in r["params"]], mem, r["smem"])
+    outs = []
+    for j, s in enumerate(out_shapes):
+        addr = in_addr[aliased[j]] if j in aliased else out_addr[j]
+        raw = mem.read(addr)
+        outs.append(raw.view(np.dtype(s.dtype)).reshape(s.shape).copy())
+    return outs
+
+
+def _emulated_call(*args, lowering_target, spec, output_shape_dtype_flat, ffi_call_target):
+    shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in output_shape_dtype_flat]
+
+    def host(*xs):
+        return tuple(run_call(lowering_target.fn, spec, [np.asarray(x) for x in xs], shapes))
+
+    return list(jax.pure_callback(host, tuple(shapes), *args))
+
+
+def enabled() -> bool:
+    return os.environ.get(EMULATE_ENV, "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def install() -> None:
+    """Make cutlass_call lower for the CPU through the interpreter (once per process)."""
+    import sys
+    if ARCH_ENV not in os.environ:
+        if "cutlass" in sys.modules:      # the DSL read its target already (sm_100a on a CPU)
+            raise RuntimeError(f"{EMULATE_ENV}: set {ARCH_ENV} before cutlass is imported")
+        os.environ[ARCH_ENV] = DEFAULT_ARCH
+    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+    from cutlass.jax import primitive
+    from cutlass.memory.smem import SmemAllocator
+    from jax.interpreters import mlir
+    _ORIGINALS.update(launch=KernelLauncher.launch, alloca=SmemAllocator._smem_alloca)
+    mlir.register_lowering(primitive.cutlass_call_inner_p,
+                           mlir.lower_fun(_emulated_call, multiple_results=True),
+                           platform="cpu")

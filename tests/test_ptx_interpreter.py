@@ -1,0 +1,328 @@
+"""The PTX interpreter (ffi/ptx_interpreter.py) on hand-written kernels: its arithmetic against
+independent NumPy / exact-rational references on random inputs, its wgmma against a NumPy model
+of the PTX ISA's fragment and shared-memory layouts, and each hazard it exists to catch, shown
+caught (a broken kernel) and not reported on the fixed kernel. No cutlass needed."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from exl3_jax.ffi import ptx_interpreter as pi
+
+HEADER = ".version 8.8\n.target sm_90a\n.address_size 64\n"
+
+
+def run(body: str, inputs: list[np.ndarray], out_bytes: int, *, threads=32, ctas=1, smem=0,
+        regs: str = "", shared_decl: bool = False):
+    """Run ``body`` as kernel k(in0.., out) over ``ctas`` x ``threads``; returns the output
+    buffer's bytes."""
+    params = ", ".join(f".param .u64 p{i}" for i in range(len(inputs) + 1))
+    text = HEADER + (".extern .shared .align 1024 .b8 smem[];\n" if shared_decl else "") + \
+        f".visible .entry k({params})\n{{\n" + \
+        ".reg .pred %p<16>;\n.reg .b16 %h<16>;\n.reg .b32 %r<64>;\n.reg .b64 %rd<32>;\n" + \
+        regs + body + "\n}\n"
+    module = pi.PtxModule(text)
+    mem = pi.GlobalMemory()
+    addrs = [mem.alloc(x) for x in inputs] + [mem.alloc(out_bytes)]
+    pi.launch(module, "k", (ctas, 1, 1), (threads, 1, 1), addrs, mem, smem)
+    return mem.read(addrs[-1])
+
+
+# Each thread t reads words a, b, c at in0[3t..3t+2] and writes 16 words out[16t..].
+OPS = """
+ld.param.u64 %rd1, [p0];
+ld.param.u64 %rd2, [p1];
+mov.u32 %r1, %tid.x;
+mul.wide.u32 %rd3, %r1, 12;
+add.s64 %rd4, %rd1, %rd3;
+ld.global.u32 %r2, [%rd4];
+ld.global.u32 %r3, [%rd4+4];
+ld.global.u32 %r4, [%rd4+8];
+mul.wide.u32 %rd5, %r1, 64;
+add.s64 %rd6, %rd2, %rd5;
+lop3.b32 %r10, %r2, %r3, %r4, 0xE8;
+st.global.u32 [%rd6], %r10;
+prmt.b32 %r11, %r2, %r3, %r4;
+st.global.u32 [%rd6+4], %r11;
+shf.l.wrap.b32 %r12, %r2, %r3, %r4;
+st.global.u32 [%rd6+8], %r12;
+shf.r.clamp.b32 %r13, %r2, %r3, %r4;
+st.global.u32 [%rd6+12], %r13;
+dp4a.u32.u32 %r14, %r2, %r3, %r4;
+st.global.u32 [%rd6+16], %r14;
+dp4a.s32.s32 %r15, %r2, %r3, %r4;
+st.global.u32 [%rd6+20], %r15;
+fma.rn.f32 %r16, %r2, %r3, %r4;
+st.global.u32 [%rd6+24], %r16;
+add.rn.f16x2 %r17, %r2, %r3;
+st.global.u32 [%rd6+28], %r17;
+fma.rn.f16x2 %r18, %r2, %r3, %r4;
+st.global.u32 [%rd6+32], %r18;
+mul.hi.u32 %r19, %r2, %r3;
+st.global.u32 [%rd6+36], %r19;
+mad.lo.s32 %r20, %r2, %r3, %r4;
+st.global.u32 [%rd6+40], %r20;
+shr.s32 %r21, %r2, %r4;
+st.global.u32 [%rd6+44], %r21;
+mov.b32 {%h1, %h2}, %r2;
+cvt.f32.f16 %r22, %h2;
+st.global.u32 [%rd6+48], %r22;
+cvt.rn.f16.f32 %h3, %r3;
+cvt.f32.f16 %r23, %h3;
+st.global.u32 [%rd6+52], %r23;
+setp.lt.s32 %p1, %r2, %r3;
+selp.b32 %r24, %r2, %r4, %p1;
+st.global.u32 [%rd6+56], %r24;
+shfl.sync.bfly.b32 %r25, %r2, 5, 31, -1;
+st.global.u32 [%rd6+60], %r25;
+ret;
+"""
+
+
+def _exact_f32(q: Fraction) -> np.float32:
+    """q rounded to the nearest fp32, ties to even (candidates around float(q))."""
+    f = np.float32(float(q))
+    cands = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    best = min(cands, key=lambda c: (abs(Fraction(float(c)) - q),
+                                     int(np.array(c).view(np.uint32)) & 1))
+    return np.float32(best)
+
+
+def _f16_round(q: Fraction) -> np.float16:
+    f = np.float16(float(q))
+    cands = [np.nextafter(f, np.float16(-np.inf)), f, np.nextafter(f, np.float16(np.inf))]
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - q),
+                                     int(np.array(c).view(np.uint16)) & 1))
+
+
+def test_integer_and_float_instructions_match_references(rng):
+    n = 32
+    words = rng.integers(0, 2**32, size=(n, 3), dtype=np.uint64).astype(np.uint32)
+    # Finite floats of similar scale for the fp32 / fp16 rows (some lanes keep random bits).
+    f32 = rng.standard_normal((n, 3)).astype(np.float32)
+    f32[:, 2] *= np.float32(2.0) ** rng.integers(-30, 30, size=n)
+    words[: n // 2] = f32[: n // 2].view(np.uint32)
+    halves = rng.standard_normal((n, 3, 2)).astype(np.float16)
+    words[n // 2:] = halves[n // 2:].view(np.uint32).reshape(n // 2, 3)
+    words[:, 2][::3] = rng.integers(0, 40, size=len(words[::3]))      # shift amounts, some >= 32
+    out = run(OPS, [words], n * 64).view(np.uint32).reshape(n, 16)
+    for t in range(n):
+        a, b, c = (int(v) for v in words[t])
+        assert out[t, 0] == (a & b) | (a & c) | (b & c)                  # lop3 0xE8: majority
+        both = (b << 32) | a
+        want = 0
+        for i in range(4):
+            nib = (c >> 4 * i) & 0xF
+            byte = (both >> 8 * (nib & 7)) & 0xFF
+            if nib & 8:
+                byte = 0xFF if byte & 0x80 else 0
+            want |= byte << 8 * i
+        assert out[t, 1] == want
+        assert out[t, 2] == ((both << (c & 31)) >> 32) & 0xFFFFFFFF
+        assert out[t, 3] == (both >> min(c, 32)) & 0xFFFFFFFF
+        ab = [(a >> 8 * i) & 0xFF for i in range(4)]
+        bb = [(b >> 8 * i) & 0xFF for i in range(4)]
+        assert out[t, 4] == (c + sum(x * y for x, y in zip(ab, bb))) & 0xFFFFFFFF
+        sab = [x - 256 if x > 127 else x for x in ab]
+        sbb = [x - 256 if x > 127 else x for x in bb]
+        sc = c - 2**32 if c >= 2**31 else c
+        assert out[t, 5] == (sc + sum(x * y for x, y in zip(sab, sbb))) & 0xFFFFFFFF
+        fa, fb, fc = (np.array([v], np.uint32).view(np.float32)[0] for v in (a, b, c))
+        if np.isfinite([fa, fb, fc]).all() and t < n // 2:
+            want_f = _exact_f32(Fraction(float(fa)) * Fraction(float(fb)) + Fraction(float(fc)))
+            assert out[t, 6] == np.array([want_f]).view(np.uint32)[0], (fa, fb, fc)
+        if t >= n // 2:
+            ha, hb, hc = (np.array([v], np.uint32).view(np.float16) for v in (a, b, c))
+            s = [_f16_round(Fraction(float(x)) + Fraction(float(y))) for x, y in zip(ha, hb)]
+            assert out[t, 7] == np.array(s, np.float16).view(np.uint32)[0]
+            f = [_f16_round(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+                 for x, y, z in zip(ha, hb, hc)]
+            assert out[t, 8] == np.array(f, np.float16).view(np.uint32)[0]
+            assert out[t, 12] == np.float32(ha[1]).view(np.uint32)
+        assert out[t, 9] == (a * b) >> 32
+        sa, sb = (v - 2**32 if v >= 2**31 else v for v in (a, b))
+        assert out[t, 10] == (sa * sb + sc) & 0xFFFFFFFF
+        assert out[t, 11] == (sa >> min(c, 31)) & 0xFFFFFFFF          # clamps to a sign fill
+        assert out[t, 14] == (a if sa < (b - 2**32 if b >= 2**31 else b) else c)
+        assert out[t, 15] == words[t ^ 5, 0]
+    fb = words[:, 1].view(np.float32)
+    np.testing.assert_array_equal(out[:, 13].view(np.float32), fb.astype(np.float16)
+                                  .astype(np.float32))
+
+
+# --- hazards ---------------------------------------------------------------------------------
+
+# 64 threads: warp 0 writes a word to shared memory, warp 1 reads it (BARRIER marks the spot).
+SHARE = """
+ld.param.u64 %rd1, [p0];
+mov.u32 %r1, %tid.x;
+mov.b32 %r2, smem;
+setp.ge.u32 %p1, %r1, 32;
+@%p1 bra $READ;
+shl.b32 %r3, %r1, 2;
+add.s32 %r4, %r2, %r3;
+st.shared.u32 [%r4], %r1;
+$READ:
+BARRIER
+@!%p1 bra $END;
+sub.s32 %r5, %r1, 32;
+shl.b32 %r3, %r5, 2;
+add.s32 %r4, %r2, %r3;
+ld.shared.u32 %r6, [%r4];
+mul.wide.u32 %rd2, %r5, 4;
+add.s64 %rd3, %rd1, %rd2;
+st.global.u32 [%rd3], %r6;
+$END:
+ret;
+"""
+
+
+def test_shared_memory_race_is_caught_and_a_barrier_fixes_it():
+    ok = run(SHARE.replace("BARRIER", "bar.sync 0;"), [], 128, threads=64, smem=128,
+             shared_decl=True)
+    np.testing.assert_array_equal(ok.view(np.uint32), np.arange(32))
+    with pytest.raises(pi.PtxError, match="read-after-write"):
+        run(SHARE.replace("BARRIER", ""), [], 128, threads=64, smem=128, shared_decl=True)
+
+
+def test_out_of_bounds_misaligned_and_divergent_barrier_are_caught():
+    with pytest.raises(pi.PtxError, match="out-of-bounds shared"):
+        run(SHARE.replace("BARRIER", "bar.sync 0;"), [], 128, threads=64, smem=64,
+            shared_decl=True)
+    load = "ld.param.u64 %rd1, [p0];\nld.global.u32 %r1, [%rd1+OFF];\nret;"
+    run(load.replace("OFF", "12"), [np.zeros(4, np.uint32)], 4)
+    with pytest.raises(pi.PtxError, match="out-of-bounds global load of 4 bytes at offset 16"):
+        run(load.replace("OFF", "16"), [np.zeros(4, np.uint32)], 4)
+    with pytest.raises(pi.PtxError, match="misaligned"):
+        run(load.replace("OFF", "2"), [np.zeros(4, np.uint32)], 4)
+    diverge = ("mov.u32 %r1, %tid.x;\nsetp.lt.u32 %p1, %r1, 16;\n@%p1 bra $SKIP;\n"
+               "bar.sync 0;\n$SKIP:\nret;")
+    with pytest.raises(pi.PtxError, match="part of a CTA"):
+        run(diverge, [], 4)
+
+
+# cp.async: each of 32 threads copies 16 bytes into shared memory and reads them back.
+CP_ASYNC = """
+ld.param.u64 %rd1, [p0];
+ld.param.u64 %rd2, [p1];
+mov.u32 %r1, %tid.x;
+mul.wide.u32 %rd3, %r1, 16;
+add.s64 %rd4, %rd1, %rd3;
+mov.b32 %r2, smem;
+shl.b32 %r3, %r1, 4;
+add.s32 %r4, %r2, %r3;
+cp.async.cg.shared.global [%r4], [%rd4], 16;
+cp.async.commit_group;
+WAIT
+ld.shared.v4.u32 {%r5, %r6, %r7, %r8}, [%r4];
+add.s64 %rd5, %rd2, %rd3;
+st.global.v4.u32 [%rd5], {%r5, %r6, %r7, %r8};
+ret;
+"""
+
+
+def test_cp_async_read_before_its_wait_is_caught(rng):
+    src = rng.integers(0, 2**32, size=128, dtype=np.uint64).astype(np.uint32)
+    got = run(CP_ASYNC.replace("WAIT", "cp.async.wait_group 0;"), [src], 512, smem=512,
+              shared_decl=True)
+    np.testing.assert_array_equal(got.view(np.uint32), src)
+    with pytest.raises(pi.PtxError, match="before their cp.async landed"):
+        run(CP_ASYNC.replace("WAIT", ""), [src], 512, smem=512, shared_decl=True)
+
+
+# wgmma m64n8k16: threads 0..63 stage B (8 rows x 64 fp16, 128-byte swizzle) in shared memory,
+# every thread loads its 4 A registers, one wgmma, D (4 fp32 per thread) to global.
+WGMMA = """
+ld.param.u64 %rd1, [p0];
+ld.param.u64 %rd2, [p1];
+ld.param.u64 %rd3, [p2];
+mov.u32 %r1, %tid.x;
+mov.b32 %r2, smem;
+setp.ge.u32 %p1, %r1, 64;
+@%p1 bra $STAGED;
+mul.wide.u32 %rd4, %r1, 16;
+add.s64 %rd5, %rd1, %rd4;
+ld.global.v4.u32 {%r3, %r4, %r5, %r6}, [%rd5];
+shr.u32 %r7, %r1, 3;
+and.b32 %r8, %r1, 7;
+xor.b32 %r9, %r8, %r7;
+shl.b32 %r10, %r7, 7;
+shl.b32 %r11, %r9, 4;
+add.s32 %r12, %r10, %r11;
+add.s32 %r12, %r12, %r2;
+st.shared.v4.u32 [%r12], {%r3, %r4, %r5, %r6};
+FENCE
+$STAGED:
+BARRIER
+mul.wide.u32 %rd6, %r1, 16;
+add.s64 %rd7, %rd2, %rd6;
+ld.global.v4.u32 {%r20, %r21, %r22, %r23}, [%rd7];
+mov.b32 %r30, 0;
+mov.b32 %r31, 0;
+mov.b32 %r32, 0;
+mov.b32 %r33, 0;
+wgmma.fence.sync.aligned;
+shr.u32 %r40, %r2, 4;
+cvt.u64.u32 %rd8, %r40;
+or.b64 %rd9, %rd8, 0x4000004000010000;
+setp.ne.b32 %p2, 0, 0;
+wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%r30, %r31, %r32, %r33}, {%r20, %r21, %r22, %r23}, %rd9, %p2, 1, 1, 0;
+wgmma.commit_group.sync.aligned;
+AFTER
+wgmma.wait_group.sync.aligned 0;
+add.s64 %rd10, %rd3, %rd6;
+st.global.v4.u32 [%rd10], {%r30, %r31, %r32, %r33};
+ret;
+"""
+
+
+def _wgmma_inputs(rng):
+    b = rng.standard_normal((8, 64)).astype(np.float16)        # B^T rows: n x k (k 0..63)
+    a = rng.standard_normal((64, 16)).astype(np.float16)
+    # A fragments: thread 32w + l holds rows 16w + l//4 (+8), cols 2(l%4) (+1, +8, +9).
+    frag = np.zeros((128, 4, 2), np.float16)
+    for tid in range(128):
+        w, lane = divmod(tid, 32)
+        g, t = divmod(lane, 4)
+        for i, (r, c) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8),
+                                    (g + 8, 2 * t + 8)]):
+            frag[tid, i] = a[16 * w + r, c:c + 2]
+    return a, b, frag
+
+
+def _wgmma_expected(a, b):
+    d = a.astype(np.float64) @ b[:, :16].astype(np.float64).T          # [64, 8]
+    out = np.zeros((128, 4), np.float32)
+    for tid in range(128):
+        w, lane = divmod(tid, 32)
+        g, t = divmod(lane, 4)
+        for i, (r, c) in enumerate([(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t),
+                                    (g + 8, 2 * t + 1)]):
+            out[tid, i] = d[16 * w + r, c]
+    return out
+
+
+def _run_wgmma(rng, fence="fence.proxy.async.shared::cta;", barrier="bar.sync 0;", after=""):
+    a, b, frag = _wgmma_inputs(rng)
+    text = WGMMA.replace("FENCE", fence).replace("BARRIER", barrier).replace("AFTER", after)
+    got = run(text, [b, frag], 128 * 16, threads=128, smem=1024, shared_decl=True)
+    return got.view(np.float32).reshape(128, 4), _wgmma_expected(a, b)
+
+
+def test_wgmma_matches_the_isa_layouts(rng):
+    got, want = _run_wgmma(rng)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(fence=""), "without a fence.proxy.async"),
+    (dict(barrier=""), "wgmma reads bytes written since"),
+    (dict(after="add.s32 %r20, %r20, 1;"), "A register %r20 changed before its wait_group"),
+    (dict(after="st.global.u32 [%rd2], %r31;"), "accumulator %r31 accessed before"),
+])
+def test_wgmma_hazards_are_caught(rng, change, message):
+    with pytest.raises(pi.PtxError, match=message):
+        _run_wgmma(rng, **change)
