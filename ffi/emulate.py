@@ -79,8 +79,10 @@ def _compile(fn, spec):
             hit = [i for i, t in enumerate(tensors) if t is a] or \
                 [i for i, v in enumerate(values) if v and v == _mlir_values(a)]
             if not hit:
+                # e.g. the MoE layer's cute.recast_tensor views: not mapped yet
                 raise RuntimeError(f"{self.funcBody.__name__}: a kernel tensor argument that is "
-                                   "not one of its launcher's tensors (not emulated)")
+                                   "not one of its launcher's tensors (derived views are not "
+                                   "emulated)")
             params.append(hit[0])
         del allocs[:]
         out = orig(self, *args, **kwargs)            # traces the kernel body
