@@ -26,6 +26,7 @@ import numpy as np
 from . import ptx_interpreter as emu
 
 EMULATE_ENV = "EXL3_JAX_EMULATE"
+TRACE_ENV = "EXL3_JAX_EMULATE_TRACE"      # print each launch's NaN counts (debugging)
 ARCH_ENV = "CUTE_DSL_ARCH"
 DEFAULT_ARCH = "sm_90a"
 _lock = threading.Lock()
@@ -41,6 +42,26 @@ def _mlir_values(obj) -> list:
 
 
 _ORIGINALS: dict = {}
+
+
+def _source_tensor(arg, tensors, values, depth: int = 6) -> list[int]:
+    """Indices of the launcher tensors that a kernel argument is, or is a view of (e.g.
+    cute.recast_tensor): the argument's SSA values are followed up through their defining ops'
+    operands (DSL objects, or raw values) until one is a launcher tensor or its value."""
+    frontier = [arg]
+    for _ in range(depth):
+        nxt = []
+        for node in frontier:
+            hit = [i for i, t in enumerate(tensors) if t is node]
+            vals = [node] if hasattr(node, "owner") else _mlir_values(node)
+            hit += [i for i, lv in enumerate(values) if lv and any(
+                v == w for v in vals for w in lv)]
+            if hit:
+                return hit
+            for v in vals:
+                nxt += list(getattr(getattr(v, "owner", None), "operands", None) or [])
+        frontier = nxt
+    return []
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,8 +97,7 @@ def _compile(fn, spec):
                 continue                                # a constexpr argument: no parameter
             # The same object as a launcher tensor, or (when the DSL re-wraps arguments on a
             # cache miss) the same SSA values.
-            hit = [i for i, t in enumerate(tensors) if t is a] or \
-                [i for i, v in enumerate(values) if v and v == _mlir_values(a)]
+            hit = _source_tensor(a, tensors, values)
             if not hit:
                 # e.g. the MoE layer's cute.recast_tensor views: not mapped yet
                 raise RuntimeError(f"{self.funcBody.__name__}: a kernel tensor argument that is "
@@ -89,7 +109,7 @@ def _compile(fn, spec):
         smem = 0
         for nbytes, align in allocs:                 # the allocator's packing, as an upper bound
             smem = -(-smem // align) * align + int(nbytes)
-        records.append(dict(kernel=self.funcBody.__name__, params=params,
+        records.append(dict(kernel=self._launch_name or self.funcBody.__name__, params=params,
                             grid=tuple(int(g) for g in kwargs["grid"]),
                             block=tuple(int(b) for b in kwargs["block"]),
                             smem=int(kwargs.get("smem") or smem)))
@@ -127,10 +147,17 @@ def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]
             out_addr[j] = mem.alloc(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize,
                                     f"output{j}")
     kernel_tensors = in_addr + [out_addr[j] for j in range(len(out_shapes)) if j not in aliased]
+    trace = os.environ.get(TRACE_ENV, "0") not in ("", "0")
     for r in records:
         LAUNCH_LOG.append(r)
         emu.launch(module, r["kernel"], r["grid"], r["block"],
                    [kernel_tensors[p] for p in r["params"]], mem, r["smem"])
+        if trace:       # NaN words (as fp32 / fp16) of every buffer the kernel was passed
+            counts = {p: (int(np.isnan(b[:len(b) // 4 * 4].view(np.float32)).sum()),
+                          int(np.isnan(b[:len(b) // 2 * 2].view(np.float16)).sum()))
+                      for p in r["params"] for b in [mem.read(kernel_tensors[p])]}
+            print(f"[emulate] {r['kernel'][:60]} grid {r['grid']}: NaN (f32, f16) by tensor "
+                  f"{counts}", flush=True)
     outs = []
     for j, s in enumerate(out_shapes):
         addr = in_addr[aliased[j]] if j in aliased else out_addr[j]

@@ -299,8 +299,11 @@ class PtxModule:
             self.entries[name] = entry
 
     def entry(self, kernel_name: str) -> Entry:
-        """The entry whose name contains ``kernel_name`` (CuTe DSL mangles the Python name)."""
-        found = [e for n, e in self.entries.items() if f"_{kernel_name}_" in n or n == kernel_name]
+        """The entry named ``kernel_name``, else the one entry whose name contains it (CuTe
+        DSL mangles the Python name)."""
+        if kernel_name in self.entries:
+            return self.entries[kernel_name]
+        found = [e for n, e in self.entries.items() if f"_{kernel_name}_" in n]
         if len(found) != 1:
             raise KeyError(f"{kernel_name}: {len(found)} matching entries in "
                            f"{list(self.entries)}")
@@ -398,19 +401,31 @@ def _round_f32(x64: np.ndarray) -> np.ndarray:
     return x64.astype(np.float32)
 
 
-def _fma_f32(a, b, c):
-    """Correctly rounded a*b+c in fp32: the product is exact in float64; the sum is rounded
-    to odd in float64 (53 >= 24 + 2 bits), which then rounds to fp32 exactly once."""
+def _fma_f32(a, b, c, mode: str = "rn"):
+    """a*b+c rounded once to fp32 (``mode`` rn / rz / rm / rp): the product is exact in
+    float64 and the sum's rounding error is exact (two-sum). rn: the sum rounded to odd in
+    float64 (53 >= 24 + 2 bits) then to fp32; directed modes: the fp32 nearest to the double
+    sum, stepped once toward the mode's side where it lies beyond the exact value."""
     p = a.astype(np.float64) * b.astype(np.float64)
     c = c.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         s = p + c
         bb = s - p
         err = (p - (s - bb)) + (c - bb)
-        mant_even = (s.view(np.uint64) & np.uint64(1)) == 0
-        fix = (err != 0) & mant_even & np.isfinite(s)
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
+        err = np.where(np.isfinite(err), err, 0.0)
+        if mode == "rn":
+            mant_even = (s.view(np.uint64) & np.uint64(1)) == 0
+            fix = (err != 0) & mant_even & np.isfinite(s)
+            s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+            return s.astype(np.float32)
+        r = s.astype(np.float32)
+        over = (r.astype(np.float64) - s) > err        # r above the exact value s + err
+        under = (r.astype(np.float64) - s) < err
+        down = over & ((mode == "rm") | ((mode == "rz") & (s + err > 0)))
+        up = under & ((mode == "rp") | ((mode == "rz") & (s + err < 0)))
+        r = np.where(down, np.nextafter(r, np.float32(-np.inf)), r)
+        r = np.where(up, np.nextafter(r, np.float32(np.inf)), r)
+    return r.astype(np.float32)
 
 
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -724,17 +739,38 @@ def _int_binary(fn):
     return h
 
 
+_DIRECTED = {"rz", "rm", "rp"}
+
+
 def _float_binary(fn):
     def h(b, ins, mask, active):
         t = _type(ins)
+        if _DIRECTED & set(ins.parts) and t == "f32" and fn in _AS_FMA:
+            x, y = b.read(ins.args[1], t), b.read(ins.args[2], t)
+            if "ftz" in ins.parts:
+                x, y = _ftz(x), _ftz(y)
+            mode = (_DIRECTED & set(ins.parts)).pop()
+            r = _fma_f32(*_AS_FMA[fn](x, y), mode)
+            b.write(ins.args[0], _ftz(r) if "ftz" in ins.parts else r, mask)
+            return
+        if _DIRECTED & set(ins.parts):
+            raise PtxUnsupported(ins.op)
         if t == "f16x2":
             (xl, xh), (yl, yh) = _halves(b.read(ins.args[1], "b32")), \
                 _halves(b.read(ins.args[2], "b32"))
-            lo = fn(xl.astype(np.float64), yl.astype(np.float64)).astype(np.float16)
-            hi = fn(xh.astype(np.float64), yh.astype(np.float64)).astype(np.float16)
+            with np.errstate(over="ignore", invalid="ignore"):
+                lo = fn(xl.astype(np.float64), yl.astype(np.float64)).astype(np.float16)
+                hi = fn(xh.astype(np.float64), yh.astype(np.float64)).astype(np.float16)
             b.write(ins.args[0], _pack_halves(lo, hi), mask)
             return
         x, y = b.read(ins.args[1], t), b.read(ins.args[2], t)
+        if t == "f16":            # exact in float64, rounded once to fp16
+            with np.errstate(all="ignore"):
+                r = fn(x.astype(np.float64), y.astype(np.float64)).astype(np.float16)
+            b.write(ins.args[0], r, mask)
+            return
+        if t != "f32":
+            raise PtxUnsupported(ins.op)
         if "ftz" in ins.parts:
             x, y = _ftz(x), _ftz(y)
         with np.errstate(all="ignore"):
@@ -745,6 +781,13 @@ def _float_binary(fn):
             r = np.clip(np.nan_to_num(r, nan=0.0), 0, 1).astype(np.float32)
         b.write(ins.args[0], r, mask)
     return h
+
+
+_AS_FMA = {                       # a op b as an fma, for the directed rounding modes
+    np.add: lambda x, y: (x, np.ones_like(x), y),
+    np.subtract: lambda x, y: (x, np.ones_like(x), -y),
+    np.multiply: lambda x, y: (x, y, np.zeros_like(x)),
+}
 
 
 def _is_float(t):
@@ -763,6 +806,30 @@ def _sub(b, ins, mask, active):
             _int_binary(lambda x, y, t: x - y))(b, ins, mask, active)
 
 
+def _div(b, ins, mask, active):
+    t = _type(ins)
+    if _is_float(t):
+        if t != "f32" or not ({"rn", "approx", "full"} & set(ins.parts)):
+            raise PtxUnsupported(ins.op)
+        return _float_binary(np.divide)(b, ins, mask, active)   # .rn exact; .approx/.full ~
+    x, y = b.read(ins.args[1], t), b.read(ins.args[2], t)
+    if (y[mask] == 0).any():
+        raise PtxError(f"integer division by zero: {ins.text}")
+    y = np.where(y == 0, 1, y)
+    q = np.trunc(x.astype(np.float64) / y.astype(np.float64)) if t[0] == "s" else x // y
+    b.write(ins.args[0], q.astype(x.dtype), mask)
+
+
+def _rem(b, ins, mask, active):
+    t = _type(ins)
+    x, y = b.read(ins.args[1], t), b.read(ins.args[2], t)
+    if (y[mask] == 0).any():
+        raise PtxError(f"integer remainder by zero: {ins.text}")
+    y = np.where(y == 0, 1, y)
+    r = np.fmod(x, y) if t[0] == "s" else x % y
+    b.write(ins.args[0], r.astype(x.dtype), mask)
+
+
 def _wide_int(t):
     return np.int64 if t[0] == "s" else np.uint64
 
@@ -777,7 +844,7 @@ def _mul_int(x, y, mode, t):
     if mode == "wide":
         return wide
     if mode == "hi":
-        return (wide >> 32).astype(x.dtype)
+        return (wide >> w).astype(x.dtype)
     return wide.astype(x.dtype)
 
 
@@ -806,8 +873,9 @@ def _fma(b, ins, mask, active):
     t = _type(ins)
     if t == "f16x2":
         (al, ah), (bl, bh), (cl, ch) = (_halves(b.read(a, "b32")) for a in ins.args[1:4])
-        lo = (al.astype(np.float64) * bl + cl.astype(np.float64)).astype(np.float16)
-        hi = (ah.astype(np.float64) * bh + ch.astype(np.float64)).astype(np.float16)
+        with np.errstate(over="ignore", invalid="ignore"):      # overflow to inf, as PTX
+            lo = (al.astype(np.float64) * bl + cl.astype(np.float64)).astype(np.float16)
+            hi = (ah.astype(np.float64) * bh + ch.astype(np.float64)).astype(np.float16)
         b.write(ins.args[0], _pack_halves(lo, hi), mask)
         return
     if t != "f32":
@@ -815,7 +883,8 @@ def _fma(b, ins, mask, active):
     x, y, z = (b.read(a, "f32") for a in ins.args[1:4])
     if "ftz" in ins.parts:
         x, y, z = _ftz(x), _ftz(y), _ftz(z)
-    r = _fma_f32(x, y, z)
+    mode = next((p for p in ins.parts if p in ("rn", "rz", "rm", "rp")), "rn")
+    r = _fma_f32(x, y, z, mode)
     b.write(ins.args[0], _ftz(r) if "ftz" in ins.parts else r, mask)
 
 
@@ -828,7 +897,7 @@ def _minmax(fn_int, fn_f):
                 r = fn_int(x, y)
             else:
                 r = fn_f(x, y)
-            b.write(ins.args[0], r.astype(np.float32), mask)
+            b.write(ins.args[0], r.astype(x.dtype), mask)
         else:
             b.write(ins.args[0], fn_int(x, y), mask)
     return h
@@ -860,6 +929,8 @@ def _abs(x, t):
 
 def _approx(fn):
     def h(x, t):
+        if t != "f32":
+            raise PtxUnsupported(f"{fn} on .{t}")
         return fn(x.astype(np.float64)).astype(np.float32)
     return h
 
@@ -1060,6 +1131,8 @@ def _cvt(b, ins, mask, active):
         r = x.astype(np.float32 if dt == "f32" else np.float64)
         if "ftz" in ins.parts:
             r = _ftz(r)
+        if "sat" in ins.parts:                      # clamp to [0, 1], NaN -> 0
+            r = np.clip(np.nan_to_num(r, nan=0.0, posinf=1.0, neginf=0.0), 0, 1).astype(r.dtype)
     else:                                           # to an integer
         if _is_float(st):
             f = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}.get(rnd)
@@ -1102,12 +1175,13 @@ def _address(b, memop, lanes):
         np.uint64 and b.width(base[1]) == 64 else (bits.astype(np.int64) + off)
 
 
+def _access(ins, mask):
+    """(state space, bytes per element, vector length, executing lanes) of a load / store."""
+    return _space(ins), _WIDTH[_type(ins)] // 8, _vec(ins), np.nonzero(mask)[0]
+
+
 def _ld(b, ins, mask, active):
-    space = _space(ins)
-    t = _type(ins)
-    w = _WIDTH[t] // 8
-    n = _vec(ins)
-    lanes = np.nonzero(mask)[0]
+    space, w, n, lanes = _access(ins, mask)
     dsts = ins.args[0][1] if ins.args[0][0] == "vec" else [ins.args[0]]
     if space == "param":
         name = ins.args[1][1][1]
@@ -1136,11 +1210,7 @@ def _ld(b, ins, mask, active):
 
 
 def _st(b, ins, mask, active):
-    space = _space(ins)
-    t = _type(ins)
-    w = _WIDTH[t] // 8
-    n = _vec(ins)
-    lanes = np.nonzero(mask)[0]
+    space, w, n, lanes = _access(ins, mask)
     if len(lanes) == 0:
         return
     srcs = ins.args[1][1] if ins.args[1][0] == "vec" else [ins.args[1]]
@@ -1445,7 +1515,7 @@ def _nop(b, ins, mask, active):
 
 
 _HANDLERS = {
-    "add": _add, "sub": _sub, "mul": _mul, "mad": _mad, "fma": _fma,
+    "add": _add, "sub": _sub, "mul": _mul, "mad": _mad, "fma": _fma, "div": _div, "rem": _rem,
     "min": _minmax(np.minimum, np.fmin), "max": _minmax(np.maximum, np.fmax),
     "neg": _unary(_neg), "abs": _unary(_abs),
     "ex2": _unary(_approx(np.exp2)), "lg2": _unary(_approx(np.log2)),
@@ -1483,4 +1553,8 @@ def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory:
     for i in range(0, len(ctas), per):
         batch = _Batch(entry, memory, bytes(params), ctas[i:i + per], block, grid, smem_bytes,
                        check_races)
-        batch.run(max_steps)
+        try:
+            batch.run(max_steps)
+        except PtxError as e:
+            raise PtxError(f"{kernel} (grid {grid}, block {block}, CTAs {ctas[i]}.."
+                           f"{ctas[min(i + per, len(ctas)) - 1]}): {e}") from None

@@ -222,7 +222,11 @@ def run_validation(args) -> dict:
     budget = Budget(args.budget_s)
     rng = np.random.default_rng(args.seed)
 
+    wanted = set(args.sections.split(",")) if args.sections else None
+
     def section(name, fn):
+        if wanted is not None and name not in wanted:
+            return
         log(f"== {name}")
         t0 = time.perf_counter()
         try:
@@ -494,6 +498,9 @@ def main(argv=None) -> int:
                     help="fewer accuracy cases; bench of all three geometries at m 1/8/128/4096")
     ap.add_argument("--bench-s", type=float, default=90.0, help="bench budget with --quick")
     ap.add_argument("--profile-s", type=float, default=60.0)
+    ap.add_argument("--sections", default=None,
+                    help="comma list of sections to run (default: all; bench and profile "
+                         "follow --no-bench)")
     ap.add_argument("--memcheck", action="store_true",
                     help="only the small layers for compute-sanitizer (no report)")
     args = ap.parse_args(argv)

@@ -31,7 +31,7 @@ def run(body: str, inputs: list[np.ndarray], out_bytes: int, *, threads=32, ctas
     return mem.read(addrs[-1])
 
 
-# Each thread t reads words a, b, c at in0[3t..3t+2] and writes 16 words out[16t..].
+# Each thread t reads words a, b, c at in0[3t..3t+2] and writes 22 words out[22t..].
 OPS = """
 ld.param.u64 %rd1, [p0];
 ld.param.u64 %rd2, [p1];
@@ -41,7 +41,7 @@ add.s64 %rd4, %rd1, %rd3;
 ld.global.u32 %r2, [%rd4];
 ld.global.u32 %r3, [%rd4+4];
 ld.global.u32 %r4, [%rd4+8];
-mul.wide.u32 %rd5, %r1, 64;
+mul.wide.u32 %rd5, %r1, 88;
 add.s64 %rd6, %rd2, %rd5;
 lop3.b32 %r10, %r2, %r3, %r4, 0xE8;
 st.global.u32 [%rd6], %r10;
@@ -78,6 +78,23 @@ selp.b32 %r24, %r2, %r4, %p1;
 st.global.u32 [%rd6+56], %r24;
 shfl.sync.bfly.b32 %r25, %r2, 5, 31, -1;
 st.global.u32 [%rd6+60], %r25;
+cvt.u16.u32 %h4, %r2;
+cvt.u16.u32 %h5, %r3;
+mul.hi.u16 %h6, %h4, %h5;
+cvt.u32.u16 %r26, %h6;
+st.global.u32 [%rd6+64], %r26;
+div.rn.f32 %r27, %r2, %r3;
+st.global.u32 [%rd6+68], %r27;
+fma.rm.f32 %r28, %r2, %r3, %r4;
+st.global.u32 [%rd6+72], %r28;
+fma.rp.f32 %r29, %r2, %r3, %r4;
+st.global.u32 [%rd6+76], %r29;
+cvt.sat.f32.f32 %r30, %r2;
+st.global.u32 [%rd6+80], %r30;
+mov.b32 {%h7, %h8}, %r3;
+add.rn.f16 %h9, %h1, %h7;
+mov.b32 %r31, {%h9, %h8};
+st.global.u32 [%rd6+84], %r31;
 ret;
 """
 
@@ -89,6 +106,19 @@ def _exact_f32(q: Fraction) -> np.float32:
     best = min(cands, key=lambda c: (abs(Fraction(float(c)) - q),
                                      int(np.array(c).view(np.uint32)) & 1))
     return np.float32(best)
+
+
+def _directed_f32(q: Fraction, up: bool) -> np.float32:
+    """The fp32 nearest q on one side: the largest <= q (up False) or smallest >= q."""
+    f = np.float32(float(q))
+    while (Fraction(float(f)) > q) if not up else (Fraction(float(f)) < q):
+        f = np.nextafter(f, np.float32(np.inf if up else -np.inf))
+    while True:
+        g = np.nextafter(f, np.float32(-np.inf if up else np.inf))
+        if (Fraction(float(g)) >= q) if up else (Fraction(float(g)) <= q):
+            f = g
+        else:
+            return f
 
 
 def _f16_round(q: Fraction) -> np.float16:
@@ -108,7 +138,7 @@ def test_integer_and_float_instructions_match_references(rng):
     halves = rng.standard_normal((n, 3, 2)).astype(np.float16)
     words[n // 2:] = halves[n // 2:].view(np.uint32).reshape(n // 2, 3)
     words[:, 2][::3] = rng.integers(0, 40, size=len(words[::3]))      # shift amounts, some >= 32
-    out = run(OPS, [words], n * 64).view(np.uint32).reshape(n, 16)
+    out = run(OPS, [words], n * 88).view(np.uint32).reshape(n, 22)
     for t in range(n):
         a, b, c = (int(v) for v in words[t])
         assert out[t, 0] == (a & b) | (a & c) | (b & c)                  # lop3 0xE8: majority
@@ -142,12 +172,26 @@ def test_integer_and_float_instructions_match_references(rng):
                  for x, y, z in zip(ha, hb, hc)]
             assert out[t, 8] == np.array(f, np.float16).view(np.uint32)[0]
             assert out[t, 12] == np.float32(ha[1]).view(np.uint32)
+            h = np.array([_f16_round(Fraction(float(ha[0])) + Fraction(float(hb[0]))), hb[1]],
+                         np.float16)
+            assert out[t, 21] == h.view(np.uint32)[0]          # scalar fp16 add, high half kept
         assert out[t, 9] == (a * b) >> 32
         sa, sb = (v - 2**32 if v >= 2**31 else v for v in (a, b))
         assert out[t, 10] == (sa * sb + sc) & 0xFFFFFFFF
         assert out[t, 11] == (sa >> min(c, 31)) & 0xFFFFFFFF          # clamps to a sign fill
         assert out[t, 14] == (a if sa < (b - 2**32 if b >= 2**31 else b) else c)
         assert out[t, 15] == words[t ^ 5, 0]
+        assert out[t, 16] == ((a & 0xFFFF) * (b & 0xFFFF)) >> 16
+        if np.isfinite([fa, fb]).all() and fb != 0 and t < n // 2:
+            q = _exact_f32(Fraction(float(fa)) / Fraction(float(fb)))
+            assert out[t, 17] == np.array([q]).view(np.uint32)[0], (fa, fb)
+        if np.isfinite([fa, fb, fc]).all() and t < n // 2:
+            exact = Fraction(float(fa)) * Fraction(float(fb)) + Fraction(float(fc))
+            for col, up in ((18, False), (19, True)):
+                want_d = _directed_f32(exact, up)
+                assert out[t, col] == np.array([want_d]).view(np.uint32)[0], (fa, fb, fc, up)
+            sat = min(max(float(fa), 0.0), 1.0)
+            assert out[t, 20] == np.array([sat], np.float32).view(np.uint32)[0]
     fb = words[:, 1].view(np.float32)
     np.testing.assert_array_equal(out[:, 13].view(np.float32), fb.astype(np.float16)
                                   .astype(np.float32))
