@@ -1260,7 +1260,7 @@ def _bar(b, ins, mask, active):
 
 def _shfl(b, ins, mask, active):
     mode = ins.parts[2]
-    warps = b.full_warps(mask, "shfl.sync")
+    b.full_warps(mask, "shfl.sync")          # all 32 lanes, as the full member mask says
     if ins.args[4][0] != "imm" or ins.args[4][1] & 0xFFFFFFFF != 0xFFFFFFFF:
         raise PtxUnsupported(f"partial shfl mask: {ins.text}")
     a = b.read(ins.args[1], "b32")
