@@ -112,7 +112,8 @@ def _compile(fn, spec):
         records.append(dict(kernel=self._launch_name or self.funcBody.__name__, params=params,
                             grid=tuple(int(g) for g in kwargs["grid"]),
                             block=tuple(int(b) for b in kwargs["block"]),
-                            smem=int(kwargs.get("smem") or smem)))
+                            smem=int(kwargs.get("smem") or smem),
+                            pdl=bool(kwargs.get("use_pdl", False))))
         return out
 
     with _lock:
@@ -148,10 +149,16 @@ def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]
                                     f"output{j}")
     kernel_tensors = in_addr + [out_addr[j] for j in range(len(out_shapes)) if j not in aliased]
     trace = os.environ.get(TRACE_ENV, "0") not in ("", "0")
-    for r in records:
+    for i, r in enumerate(records):
         LAUNCH_LOG.append(r)
+        # A programmatic dependent launch may start while its predecessors back to the last
+        # ordinary launch still run (an ordinary launch starts after all before it completed).
+        first = i
+        while first > 0 and records[first]["pdl"]:
+            first -= 1
         emu.launch(module, r["kernel"], r["grid"], r["block"],
-                   [kernel_tensors[p] for p in r["params"]], mem, r["smem"])
+                   [kernel_tensors[p] for p in r["params"]], mem, r["smem"], launch_id=i,
+                   unordered=range(first, i) if r["pdl"] else ())
         if trace:       # NaN words (as fp32 / fp16) of every buffer the kernel was passed
             counts = {p: (int(np.isnan(b[:len(b) // 4 * 4].view(np.float32)).sum()),
                           int(np.isnan(b[:len(b) // 2 * 2].view(np.float16)).sum()))

@@ -324,6 +324,13 @@ class GlobalMemory:
     def __init__(self):
         self.buffers: list[np.ndarray] = []
         self.names: list[str] = []
+        # Ordering between the launches of one custom call: per byte, the last launch that
+        # wrote it and the last that read it (-1: none), the current launch, and the earlier
+        # launches that may still run while it does (programmatic dependent launch).
+        self.writer: list[np.ndarray] = []
+        self.reader: list[np.ndarray] = []
+        self.launch_id = 0
+        self.unordered: frozenset = frozenset()
 
     def alloc(self, data: np.ndarray | bytes | int, name: str = "") -> int:
         if isinstance(data, int):
@@ -331,6 +338,8 @@ class GlobalMemory:
         else:
             buf = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8).copy()
         self.buffers.append(buf)
+        self.writer.append(np.full(len(buf), -1, np.int32))
+        self.reader.append(np.full(len(buf), -1, np.int32))
         self.names.append(name or f"buffer{len(self.buffers) - 1}")
         return GLOBAL_BASE + (len(self.buffers) - 1) * GLOBAL_STRIDE
 
@@ -355,20 +364,47 @@ class GlobalMemory:
                            f"{int(off[j])} of {name}: {ins.text}")
         return buf, off
 
-    def load(self, addr, nbytes, ins):
+    def _order(self, b, idx, unwaited, write: bool, ins):
+        """A load / store of buffer b's bytes idx [n, nbytes]; unwaited [n]: the thread has not
+        passed griddepcontrol.wait, so launches still running (``unordered``) may race it."""
+        if self.unordered and unwaited.any():
+            wr = self.writer[b][idx[unwaited]]
+            clash = np.isin(wr, list(self.unordered))
+            if write:
+                clash |= np.isin(self.reader[b][idx[unwaited]], list(self.unordered))
+            if clash.any():
+                other = int(wr[clash][0]) if (wr[clash] >= 0).any() else "an earlier launch"
+                raise PtxError(f"{'store to' if write else 'load of'} {self.names[b]} before "
+                               f"griddepcontrol.wait, racing launch {other} (programmatic "
+                               f"dependent launch): {ins.text}")
+        if write:
+            self.writer[b][idx] = self.launch_id
+        else:
+            if "nc" in ins.parts and (self.writer[b][idx] == self.launch_id).any():
+                raise PtxError(f"ld.global.nc of {self.names[b]} bytes this kernel wrote (the "
+                               f"non-coherent path may return stale data): {ins.text}")
+            self.reader[b][idx] = np.maximum(self.reader[b][idx], self.launch_id)
+
+    def load(self, addr, nbytes, ins, unwaited=None):
         buf, off = self._locate(addr, nbytes, "load", ins)
         out = np.empty((len(addr), nbytes), np.uint8)
         for b in np.unique(buf):
             sel = buf == b
-            out[sel] = self.buffers[b][off[sel][:, None] + np.arange(nbytes)]
+            idx = off[sel][:, None] + np.arange(nbytes)
+            self._order(b, idx, np.zeros(len(idx), bool) if unwaited is None else unwaited[sel],
+                        False, ins)
+            out[sel] = self.buffers[b][idx]
         return out
 
-    def store(self, addr, data, ins):
+    def store(self, addr, data, ins, unwaited=None):
         nbytes = data.shape[1]
         buf, off = self._locate(addr, nbytes, "store", ins)
         for b in np.unique(buf):
             sel = buf == b
-            self.buffers[b][off[sel][:, None] + np.arange(nbytes)] = data[sel]
+            idx = off[sel][:, None] + np.arange(nbytes)
+            self._order(b, idx, np.zeros(len(idx), bool) if unwaited is None else unwaited[sel],
+                        True, ins)
+            self.buffers[b][idx] = data[sel]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,6 +556,7 @@ class _Batch:
         self.fence_dirty: dict[int, set] = defaultdict(set)    # warpgroup -> regs written
         self.pc = np.zeros(L, np.int64)
         self.done = np.zeros(L, bool)
+        self.waited = np.zeros(L, bool)            # passed griddepcontrol.wait
 
     # -- registers -------------------------------------------------------------------------
     def width(self, name: str) -> int:
@@ -1192,7 +1229,7 @@ def _ld(b, ins, mask, active):
         data = np.broadcast_to(raw, (len(lanes), w * n))
     elif space == "global":
         addr = _address(b, ins.args[1], lanes).astype(np.uint64)
-        data = b.mem.load(addr, w * n, ins)
+        data = b.mem.load(addr, w * n, ins, ~b.waited[lanes])
     elif space == "shared":
         addr = _address(b, ins.args[1], lanes).astype(np.int64)
         cta, idx = b.smem_index(addr, w * n, ins, lanes)
@@ -1217,7 +1254,8 @@ def _st(b, ins, mask, active):
     vals = np.stack([_to_bits(b.read(s, f"b{w * 8}"), w * 8)[lanes] for s in srcs], 1)
     data = np.ascontiguousarray(vals).view(np.uint8).reshape(len(lanes), w * n)
     if space == "global":
-        b.mem.store(_address(b, ins.args[0], lanes).astype(np.uint64), data, ins)
+        b.mem.store(_address(b, ins.args[0], lanes).astype(np.uint64), data, ins,
+                    ~b.waited[lanes])
     elif space == "shared":
         addr = _address(b, ins.args[0], lanes).astype(np.int64)
         cta, idx = b.smem_index(addr, w * n, ins, lanes)
@@ -1465,7 +1503,7 @@ def _cp(b, ins, mask, active):
             raise PtxUnsupported(f"cp.async with src-size: {ins.text}")
         dst = _address(b, ins.args[0], lanes).astype(np.int64)
         src = _address(b, ins.args[1], lanes).astype(np.uint64)
-        data = b.mem.load(src, size, ins)
+        data = b.mem.load(src, size, ins, ~b.waited[lanes])
         cta, idx = b.smem_index(dst, size, ins, lanes)
         b.note_smem(cta, idx, lanes, True, ins)
         b.writer[cta[:, None], idx] = -1          # lands later, as the waiting thread's write
@@ -1514,6 +1552,13 @@ def _nop(b, ins, mask, active):
     return
 
 
+def _griddepcontrol(b, ins, mask, active):
+    if ins.parts[1] == "wait":          # every earlier launch has completed and is visible
+        b.waited[mask] = True
+    elif ins.parts[1] != "launch_dependents":
+        raise PtxUnsupported(ins.op)
+
+
 _HANDLERS = {
     "add": _add, "sub": _sub, "mul": _mul, "mad": _mad, "fma": _fma, "div": _div, "rem": _rem,
     "min": _minmax(np.minimum, np.fmin), "max": _minmax(np.maximum, np.fmax),
@@ -1526,17 +1571,21 @@ _HANDLERS = {
     "prmt": _prmt, "dp4a": _dp4a, "setp": _setp, "selp": _selp, "mov": _mov, "cvt": _cvt,
     "ld": _ld, "st": _st, "bra": _bra, "ret": _ret, "exit": _ret, "bar": _bar,
     "barrier": _bar, "shfl": _shfl, "mma": _mma, "wgmma": _wgmma, "cp": _cp, "fence": _fence,
-    "griddepcontrol": _nop,
+    "griddepcontrol": _griddepcontrol,
 }
 
 
 def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory: GlobalMemory,
            smem_bytes: int, *, check_races: bool = True, max_lanes: int = 4096,
-           max_steps: int = 5_000_000):
+           max_steps: int = 5_000_000, launch_id: int = 0, unordered=()):
     """Run ``kernel`` of ``module`` over ``grid`` x ``block`` threads. ``args``: one 64-bit
     value per kernel parameter (a buffer address from ``memory.alloc`` for a tensor), written
     at the start of each parameter's bytes. CTAs run in batches of up to ``max_lanes``
-    threads (shared memory and barriers are per CTA within a batch)."""
+    threads (shared memory and barriers are per CTA within a batch). ``launch_id``: this
+    launch's number in its stream; ``unordered``: the numbers of earlier launches that may
+    still run beside it (a programmatic dependent launch): its threads may touch their bytes
+    only after griddepcontrol.wait."""
+    memory.launch_id, memory.unordered = launch_id, frozenset(unordered)
     entry = module.entry(kernel)
     if len(args) != len(entry.params):
         raise ValueError(f"{kernel}: {len(entry.params)} parameters, {len(args)} given")

@@ -370,3 +370,52 @@ def test_wgmma_matches_the_isa_layouts(rng):
 def test_wgmma_hazards_are_caught(rng, change, message):
     with pytest.raises(pi.PtxError, match=message):
         _run_wgmma(rng, **change)
+
+
+def test_pdl_reads_before_the_wait_and_non_coherent_reads_of_own_writes_are_caught():
+    """Launch 1, a programmatic dependent launch, reads what launch 0 wrote: only after
+    griddepcontrol.wait. A kernel reading its own stores through ld.global.nc is caught."""
+    text = HEADER + """
+.visible .entry produce(.param .u64 p0)
+{
+.reg .b32 %r<4>;
+.reg .b64 %rd<4>;
+ld.param.u64 %rd1, [p0];
+mov.u32 %r1, %tid.x;
+mul.wide.u32 %rd2, %r1, 4;
+add.s64 %rd3, %rd1, %rd2;
+st.global.u32 [%rd3], %r1;
+LOAD
+ret;
+}
+.visible .entry consume(.param .u64 p0, .param .u64 p1)
+{
+.reg .b32 %r<4>;
+.reg .b64 %rd<8>;
+ld.param.u64 %rd1, [p0];
+ld.param.u64 %rd4, [p1];
+mov.u32 %r1, %tid.x;
+mul.wide.u32 %rd2, %r1, 4;
+add.s64 %rd3, %rd1, %rd2;
+WAIT
+ld.global.u32 %r2, [%rd3];
+add.s64 %rd5, %rd4, %rd2;
+st.global.u32 [%rd5], %r2;
+ret;
+}
+"""
+
+    def go(wait: str, load: str = ""):
+        module = pi.PtxModule(text.replace("WAIT", wait).replace("LOAD", load))
+        mem = pi.GlobalMemory()
+        a, b = mem.alloc(128), mem.alloc(128)
+        pi.launch(module, "produce", (1, 1, 1), (32, 1, 1), [a], mem, 0, launch_id=0)
+        pi.launch(module, "consume", (1, 1, 1), (32, 1, 1), [a, b], mem, 0, launch_id=1,
+                  unordered=[0])
+        return mem.read(b).view(np.uint32)
+
+    np.testing.assert_array_equal(go("griddepcontrol.wait;"), np.arange(32))
+    with pytest.raises(pi.PtxError, match="before griddepcontrol.wait, racing launch 0"):
+        go("")
+    with pytest.raises(pi.PtxError, match="ld.global.nc of .* bytes this kernel wrote"):
+        go("griddepcontrol.wait;", "ld.global.nc.u32 %r2, [%rd3];")
