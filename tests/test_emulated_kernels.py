@@ -203,3 +203,16 @@ def test_a_kernel_bug_is_caught_by_the_emulation(tmp_path, bug):
             assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-3000:]
         else:
             assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@needs_cutlass
+def test_parallel_runs_with_the_emulated_kernels():
+    """Issue #8's logits check (tests/test_parallel_generate_gpu.py, written for 2 GPUs) with
+    the GPU kernels inside shard_map on two simulated CPU devices: a dense model and a MoE
+    model (expert-parallel and tensor-split) at TP = 2 against one device."""
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "test_parallel_generate_gpu.py"], env=dict(_env(), XLA_FLAGS=flags),
+                          cwd=ROOT / "tests", capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, \
+        proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -10,6 +10,8 @@ greedy generation must give the same first tokens.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -19,8 +21,10 @@ from exl3_jax.generate import Generator
 from exl3_jax.ops import resolve_backend
 from helpers_models import parallel_model, write_models
 
+EMULATED = os.environ.get("EXL3_JAX_EMULATE", "0") not in ("", "0")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    jax.default_backend() != "gpu" or jax.device_count() < 2, reason="needs 2 CUDA devices")]
+    (jax.default_backend() != "gpu" and not EMULATED) or jax.device_count() < 2,
+    reason="needs 2 CUDA devices (or EXL3_JAX_EMULATE=1 with 2 CPU devices)")]
 
 MODELS = {"dense": parallel_model("llama"),
           "moe": parallel_model("qwen3_moe", experts=4, expert_intermediate=256)}

@@ -93,9 +93,15 @@ def _experts_matmul(x, weight: Exl3Weight, dense, backend, per_expert: bool):
         if weight.bias is not None:
             y = y + weight.bias[:, None, :weight.out_features].astype(jnp.float32)
         return y
+    # The GPU kernels' custom calls have no batching rule: one expert after another there.
+    if resolve_backend(backend) == "gpu":
+        def over(f):
+            return lambda xs: jax.lax.map(f, xs)
+    else:
+        over = jax.vmap
     if per_expert:
-        return jax.vmap(lambda xe, w: trellis_matmul(xe, w, backend=backend))(x, weight)
-    return jax.vmap(lambda w: trellis_matmul(x, w, backend=backend))(weight)
+        return over(lambda a: trellis_matmul(a[0], a[1], backend=backend))((x, weight))
+    return over(lambda w: trellis_matmul(x, w, backend=backend))(weight)
 
 
 def moe_experts(x, ids, weights, gate: Exl3Weight, up: Exl3Weight, down: Exl3Weight, *,
