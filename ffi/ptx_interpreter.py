@@ -430,7 +430,9 @@ def _to_bits(val: np.ndarray, width: int) -> np.ndarray:
         return val
     if val.dtype.itemsize * 8 == width:
         return val.view(raw)
-    return val.astype(np.int64).astype(raw) if val.dtype.kind in "iub" else val.astype(raw)
+    if val.dtype.kind == "f":      # a float's bits go only into a register of its own width
+        raise PtxError(f"internal: {val.dtype} value for a {width}-bit register")
+    return val.astype(np.int64).astype(raw)
 
 
 def _round_f32(x64: np.ndarray) -> np.ndarray:
