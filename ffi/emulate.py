@@ -6,9 +6,11 @@ With EXL3_JAX_EMULATE=1 (and CUTE_DSL_ARCH, sm_90a by default, set before cutlas
 imported) ``trellis_gemm.available()`` is true on the CPU and every cutlass_call lowers to a
 host callback: at trace time the call's launcher is compiled with cute.compile while a hook on
 the DSL's kernel launches records each kernel it launches (name, grid, block, which launcher
-tensors it takes, the shared memory its SmemAllocator asked for); at run time each tensor gets
-its own bounded buffer (outputs filled with 0xFF bytes, i.e. NaN, unless aliased to an input)
-and the recorded launches run in order in ``ptx_interpreter``. So the package's jitted GPU
+tensors it takes, the shared memory its SmemAllocator asked for, whether it is a programmatic
+dependent launch); at run time each tensor gets its own bounded buffer (outputs filled with 0xFF
+bytes, i.e. NaN, unless aliased to an input) and the recorded launches run in order in
+``ptx_interpreter``, a dependent launch checked against the launches that may still run beside
+it. So the package's jitted GPU
 paths (transforms, kernels, plans, layouts) and the GPU validation scripts run unchanged, at
 roughly 1e5-1e6 weights per second: small shapes only."""
 
@@ -30,7 +32,7 @@ TRACE_ENV = "EXL3_JAX_EMULATE_TRACE"      # print each launch's NaN counts (debu
 ARCH_ENV = "CUTE_DSL_ARCH"
 DEFAULT_ARCH = "sm_90a"
 _lock = threading.Lock()
-# The latest emulated launches (kernel, grid, block, smem), for tests and debugging.
+# The latest emulated launches (kernel, grid, block, smem, pdl), for tests and debugging.
 LAUNCH_LOG: collections.deque = collections.deque(maxlen=256)
 
 
