@@ -156,7 +156,8 @@ x, ids, w = gv.draw_tokens(rng, 3, 512, 2, 8)
 print(np.asarray(jax.jit(lambda x: tm.moe_gpu(x, ids, w, w13, down))(x)).shape)
 """ % str(ROOT / "scripts")
 
-# (file, text to remove, driver, environment, the error the interpreter must report)
+# name -> (kernel file, its text, the text without the synchronisation, driver script, extra
+# environment, driver arguments, the error the interpreter must report)
 BUGS = {
     "wgmma-without-stage-barrier": (
         "trellis_wgmma.py",
