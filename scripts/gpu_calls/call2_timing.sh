@@ -1,6 +1,7 @@
-# Call 2 (~9 min): timing of wip/next against main before session 17 (base), two rounds in
-# separate processes (the spread between rounds shows drift); the Qwen3 MoE layer for base and
-# wip/next; end-to-end decode (wip/next). Needs .device/base.tar.xz (make_device_dir.sh).
+# Call 2 (~9 min): timing of this tree (main since session 19, which merged sessions 16-18)
+# against main before session 17 (base, 55c788a), two rounds in separate processes (the spread
+# between rounds shows drift); the Qwen3 MoE layer for base and this tree; end-to-end decode
+# (this tree). Needs .device/base.tar.xz (make_device_dir.sh).
 CALL=call2
 for round in 1 2; do
   for name in base here; do
