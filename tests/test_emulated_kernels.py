@@ -27,8 +27,9 @@ def _env(arch="sm_90a"):
     return dict(os.environ, EXL3_JAX_EMULATE="1", CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
 
 
-def _emulated(argv, timeout, arch="sm_90a"):
-    proc = subprocess.run([sys.executable, *argv], env=_env(arch), capture_output=True,
+def _emulated(argv, timeout, arch="sm_90a", env=None):
+    proc = subprocess.run([sys.executable, *argv], env=dict(_env(arch), **(env or {})),
+                          capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT / "scripts")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
@@ -132,12 +133,16 @@ CASES = [("mcg", 4, 256, 256, 1, None), ("mul1", 3.5, 512, 256, 1, None),
 
 
 @needs_cutlass
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-def test_dispatch_on_fresh_inputs_through_the_emulated_kernels(rng, arch):
-    """Both targets' PTX (sm_120a: the RTX PRO 6000's, no wgmma) on inputs drawn fresh."""
-    cases = [c for c in CASES if arch == "sm_90a" or c[-1] != "wgmma"]
+@pytest.mark.parametrize("arch,env", [("sm_90a", {}), ("sm_120a", {}),
+                                      ("sm_90a", {"EXL3_JAX_PAIR_FRAGMENTS": "1"})])
+def test_dispatch_on_fresh_inputs_through_the_emulated_kernels(rng, arch, env):
+    """Both targets' PTX (sm_120a: the RTX PRO 6000's, no wgmma) on inputs drawn fresh; and
+    the packed kernels' B fragments in fragment order (the opt-in "pairs" layout)."""
+    cases = [c for c in CASES if (arch == "sm_90a" or c[-1] != "wgmma")
+             and (not env or 9 <= c[4] <= 32)]
     seed = int(rng.integers(2**31))
-    proc = _emulated(["-c", DISPATCH, str(seed), json.dumps(cases)], timeout=900, arch=arch)
+    proc = _emulated(["-c", DISPATCH, str(seed), json.dumps(cases)], timeout=900, arch=arch,
+                     env=env)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases)
     for row in rows:
