@@ -59,6 +59,9 @@ def versions() -> dict:
             info["nvidia-cutlass-dsl"] = getattr(cutlass, "__version__", "?")
         except Exception:
             info["nvidia-cutlass-dsl"] = None
+    from . import emulate
+    if emulate.enabled():      # the kernels' PTX on the CPU: correctness only, no timings
+        info["emulated"] = os.environ.get(emulate.ARCH_ENV, emulate.DEFAULT_ARCH)
     try:
         dev = jax.devices()[0]
         info["device"] = dev.device_kind
