@@ -11,8 +11,8 @@ dependent launch); at run time each tensor gets its own bounded buffer (outputs 
 bytes, i.e. NaN, unless aliased to an input) and the recorded launches run in order in
 ``ptx_interpreter``, a dependent launch checked against the launches that may still run beside
 it. So the package's jitted GPU
-paths (transforms, kernels, plans, layouts) and the GPU validation scripts run unchanged, at
-roughly 1e5-1e6 weights per second: small shapes only."""
+paths (transforms, kernels, plans, layouts) and the GPU validation scripts run unchanged,
+slowly (minutes for one Qwen3-30B-A3B MoE layer): small shapes."""
 
 from __future__ import annotations
 
