@@ -97,14 +97,10 @@ def _compile(fn, spec):
         for a in self.func_args:
             if not hasattr(a, "__extract_mlir_values__") or isinstance(a, (int, float)):
                 continue                                # a constexpr argument: no parameter
-            # The same object as a launcher tensor, or (when the DSL re-wraps arguments on a
-            # cache miss) the same SSA values.
             hit = _source_tensor(a, tensors, values)
             if not hit:
-                # e.g. the MoE layer's cute.recast_tensor views: not mapped yet
                 raise RuntimeError(f"{self.funcBody.__name__}: a kernel tensor argument that is "
-                                   "not one of its launcher's tensors (derived views are not "
-                                   "emulated)")
+                                   "neither one of its launcher's tensors nor a view of one")
             params.append(hit[0])
         del allocs[:]
         out = orig(self, *args, **kwargs)            # traces the kernel body

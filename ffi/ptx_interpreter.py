@@ -435,10 +435,6 @@ def _to_bits(val: np.ndarray, width: int) -> np.ndarray:
     return val.astype(np.int64).astype(raw)
 
 
-def _round_f32(x64: np.ndarray) -> np.ndarray:
-    return x64.astype(np.float32)
-
-
 def _fma_f32(a, b, c, mode: str = "rn"):
     """a*b+c rounded once to fp32 (``mode`` rn / rz / rm / rp): the product is exact in
     float64 and the sum's rounding error is exact (two-sum). rn: the sum rounded to odd in
@@ -554,7 +550,6 @@ class _Batch:
         self.cp_commits = np.zeros(L, np.int64)
         self.wgmma_inflight: list[_Wgmma] = []
         self.wgmma_open: dict[int, int] = defaultdict(int)     # warpgroup -> open group seq
-        self.wgmma_commits = np.zeros(L, np.int64)
         self.fence_dirty: dict[int, set] = defaultdict(set)    # warpgroup -> regs written
         self.pc = np.zeros(L, np.int64)
         self.done = np.zeros(L, bool)
@@ -576,7 +571,7 @@ class _Batch:
             r = self.regs[name] = np.full(self.L, fill, _RAW[w])
         return r
 
-    def read(self, op, t: str, mask=None) -> np.ndarray:
+    def read(self, op, t: str) -> np.ndarray:
         """Operand value as type ``t`` (a PTX type name), one per lane."""
         kind = op[0]
         if kind == "reg":
@@ -1209,9 +1204,10 @@ def _address(b, memop, lanes):
         return a + off
     if base[0] == "imm":
         return np.full(len(lanes), base[1] + off, np.int64)
-    bits = b.reg(base[1])[lanes].astype(np.uint64)
-    return (bits + np.uint64(off & 0xFFFFFFFFFFFFFFFF)).astype(np.uint64) if bits.dtype == \
-        np.uint64 and b.width(base[1]) == 64 else (bits.astype(np.int64) + off)
+    bits = b.reg(base[1])[lanes]
+    if b.width(base[1]) == 64:                  # a 64-bit address wraps modulo 2^64
+        return bits.astype(np.uint64) + np.uint64(off & 0xFFFFFFFFFFFFFFFF)
+    return bits.astype(np.int64) + off          # a 32-bit (shared-window) address
 
 
 def _access(ins, mask):
@@ -1440,7 +1436,7 @@ def _wgmma(b, ins, mask, active):
         descs = b.read(desc_op, "b64")[lanes]
         if (descs != descs[0]).any():
             raise PtxError("wgmma descriptor differs across the warpgroup")
-        offs = _wgmma_b_offsets(int(descs[0]), n) - 0
+        offs = _wgmma_b_offsets(int(descs[0]), n)
         cta = int(b.cta[lanes[0]])
         if offs.min() < 0 or offs.max() + 2 > b.smem_size:
             raise PtxError(f"wgmma reads shared memory out of bounds: {ins.text}")
@@ -1548,10 +1544,6 @@ def _fence(b, ins, mask, active):
     if ins.op in ("fence.acq_rel.gpu", "fence.sc.gpu"):
         return
     raise PtxUnsupported(ins.op)
-
-
-def _nop(b, ins, mask, active):
-    return
 
 
 def _griddepcontrol(b, ins, mask, active):

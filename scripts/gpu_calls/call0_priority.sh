@@ -7,16 +7,8 @@ timeout 100 python3 scripts/gpu_validate.py --quick --no-bench --sections decode
 t "validate rc=$?"; grep SUMMARY $RES/0_validate.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/0_validate.log | head -5 | cut -c1-300; save
 timeout 80 python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 60 --sections decode_bitwise,geometry --out $RES/0_validate_moe.json > $RES/0_validate_moe.log 2>&1
 t "validate moe rc=$?"; grep -i "summary\|FAIL\|Traceback" $RES/0_validate_moe.log | head -5 | cut -c1-300; save
-for name in base here; do
-  tree $name
-  timeout 110 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16 --out $RES/0_linear_$name.json > $RES/0_linear_$name.log 2>&1
-  t "bench linear $name rc=$?"; grep -v -i warn $RES/0_linear_$name.log | grep -E "^ *(8192|4096)" | cut -c1-110 | head -26; save
-done
-for name in base here; do
-  tree $name
-  timeout 90 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/0_moe_$name.json > $RES/0_moe_$name.log 2>&1
-  t "bench moe $name rc=$?"; grep -v -i warn $RES/0_moe_$name.log | tail -6 | cut -c1-160; save
-done
+for name in base here; do bench_linear $name 0_linear_$name 110; done
+for name in base here; do bench_moe $name 0_moe_$name 90; done
 tree here
 timeout 120 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 128,1000 --kinds tiles,wgmma --budget-s 90 --out $RES/0_validate_tiles.json > $RES/0_validate_tiles.log 2>&1
 t "validate token tiles rc=$?"; grep SUMMARY $RES/0_validate_tiles.log | cut -c1-300; grep -i "FAIL\|first_bad\|layout" $RES/0_validate_tiles.log | head -5 | cut -c1-300; save

@@ -4,17 +4,9 @@
 # (this tree). Needs .device/base.tar.xz (make_device_dir.sh).
 CALL=call2
 for round in 1 2; do
-  for name in base here; do
-    tree $name
-    timeout 120 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16 --out $RES/2_linear_${name}_r$round.json > $RES/2_linear_${name}_r$round.log 2>&1
-    t "bench linear $name round $round rc=$?"; grep -v -i warn $RES/2_linear_${name}_r$round.log | grep -E "^ *(8192|4096)" | cut -c1-110 | head -30; save
-  done
+  for name in base here; do bench_linear $name 2_linear_${name}_r$round 120; done
 done
-for name in base here; do
-  tree $name
-  timeout 100 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/2_moe_$name.json > $RES/2_moe_$name.log 2>&1
-  t "bench moe $name rc=$?"; grep -v -i warn $RES/2_moe_$name.log | tail -8 | cut -c1-160; save
-done
+for name in base here; do bench_moe $name 2_moe_$name 100; done
 tree here
 (cd scripts && timeout 230 python3 gpu_e2e_decode.py --cases dense:1:512,moe:1:512,moe:8:64 --codebook mcg --budget-s 200 --hard-limit-s 225 --out $RES/2_e2e.json > $RES/2_e2e.log 2>&1)
 t "e2e rc=$?"; grep -E "^dense|^moe|tok/s" $RES/2_e2e.log | cut -c1-200 | head -12; save

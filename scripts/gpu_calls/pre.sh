@@ -32,3 +32,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import jax, cutlass; print('jax', jax.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -1
 git log -1 --format='tree %h %s' 2>/dev/null | cut -c1-100
 t start
+# The timing steps the calls share: `bench_linear TREE TAG SECONDS` (the issue's two large shapes,
+# K 3 and 4, both codebooks, m 1 / 4 / 16) and `bench_moe TREE TAG SECONDS` (the Qwen3 layer,
+# m 1..8), in tree TREE, results $RES/TAG.{json,log}.
+bench_linear() {
+    tree $1
+    timeout $3 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16 --out $RES/$2.json > $RES/$2.log 2>&1
+    t "bench linear $2 rc=$?"; grep -v -i warn $RES/$2.log | grep -E "^ *(8192|4096)" | cut -c1-110 | head -30; save
+}
+bench_moe() {
+    tree $1
+    timeout $3 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/$2.json > $RES/$2.log 2>&1
+    t "bench moe $2 rc=$?"; grep -v -i warn $RES/$2.log | tail -8 | cut -c1-160; save
+}
