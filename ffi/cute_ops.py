@@ -13,7 +13,7 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 import numpy as np
-from cutlass import Float32, Int64, Uint32, Uint64
+from cutlass import Float32, Int32, Int64, Uint32, Uint64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -156,6 +156,35 @@ def lane_funnels(geo: LaneGeometry, lane):
                else None)
         out.append((hi, lo, sh0, sel))
     return out
+
+
+@dsl_user_op
+def cp_async_16(address, src, *, loc=None, ip=None) -> None:
+    """16 bytes global -> shared (L2 only), completing asynchronously (cp.async groups):
+    ``address`` a shared byte address, ``src`` a global byte address, both 16-byte aligned."""
+    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip),
+                           Int64(src).ir_value(loc=loc, ip=ip)],
+                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def inline_ptx(body: str, *, loc=None, ip=None) -> None:
+    """A PTX statement with no operands, ordered with every memory access around it."""
+    llvm.inline_asm(None, [], body, "~{memory}", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def cp_async_commit():
+    """Close this thread's cp.async group (the copies issued since the last commit)."""
+    inline_ptx("cp.async.commit_group;")
+
+
+def cp_async_wait(pending: int):
+    """Wait until at most ``pending`` of this thread's cp.async groups are still in flight (the
+    copies become visible to the issuing thread; other threads need a barrier after)."""
+    inline_ptx(f"cp.async.wait_group {pending};")
 
 
 def load_tile_words(tw, tile_base, funnels, geo: LaneGeometry):

@@ -13,6 +13,8 @@ accesses) plus the ordering rules a GPU only breaks intermittently:
     in flight;
   * cp.async: its destination read or written before the wait_group that lands it;
   * barriers reached by part of a CTA, warp-collective instructions run by part of a warp.
+Races are tracked per warp, not per thread: the lanes of a warp run each instruction together
+here, so a missing bar.warp.sync between lanes of one warp is not reported.
 
 Model. Every thread of a batch of CTAs is a lane of NumPy arrays (registers hold raw bits).
 The lanes with the lowest program counter execute the next instruction together (min-PC
@@ -1290,6 +1292,13 @@ def _bar(b, ins, mask, active):
             p = b.read(ins.args[2], "pred") & mask
             counts = np.bincount(b.cta[p], minlength=b.nc)
             b.write(ins.args[0], counts[b.cta].astype(np.uint32), mask)
+        return
+    if ins.parts[1:3] == ["warp", "sync"]:
+        # Full-warp member mask only; the lanes of a warp already run in step here.
+        members = b.read(ins.args[0], "b32")[mask]
+        if (members != 0xFFFFFFFF).any():
+            raise PtxUnsupported(f"partial member mask: {ins.text}")
+        b.full_warps(mask, "bar.warp.sync")
         return
     raise PtxUnsupported(ins.op)
 

@@ -37,7 +37,7 @@ Environment:
                                               default 0, not measured yet).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,async_copy[,fused_out]]
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,weight_ring]]
                                               the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
@@ -276,15 +276,15 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
     """The kernel config of a token-tile plan (kind "tiles" or "wgmma")."""
     if plan.kind == "wgmma":
         from .aot import device_arch
-        from .trellis_wgmma import ARCH, WgmmaGemmConfig
+        from .trellis_wgmma import ARCH, WEIGHT_RING, WgmmaGemmConfig
         if (arch := device_arch()) != ARCH:
             raise ValueError(f"the wgmma plan needs a Hopper GPU ({ARCH}); the kernels are "
                              f"built for {arch or 'no CUDA device'}: use the tiles plan there")
         return WgmmaGemmConfig(codebook=weight.codebook, K=weight.K,
                                m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,
                                m_tile=plan.m_tile, warpgroups=plan.warps // 4,
-                               splits=plan.splits, async_copy=plan.async_copy,
-                               fused_out=plan.fused_out,
+                               splits=plan.splits, fused_out=plan.fused_out,
+                               weight_ring=plan.weight_ring or WEIGHT_RING,
                                biased=plan.fused_out and weight.bias is not None).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,

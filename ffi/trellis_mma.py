@@ -189,6 +189,7 @@ class MmaConfig(MmaTiling):
     def x_k16(self) -> int:
         return self.k16 * max(1, len(self.members))
 
+
     @property
     def member_tiles(self) -> tuple:
         """(first n16 tile, n16 tiles) of each member in the output columns."""
@@ -477,8 +478,9 @@ def dense_k_loop(xw, tw, tile0, x_base, k0, warp, acc, funnels: list, cfg: cutla
     """This warp's chunks of the split starting at k16 step k0 into acc: chunk c covers k16
     steps k0 + (c * warps + warp) * unroll + u, u < unroll; each chunk's loads are issued
     before any of it is decoded. (A software-pipelined loop, chunk c + 1's loads in flight
-    while chunk c decodes, took 2-4x the registers and was no faster at m = 1: session 16,
-    bench/NOTES.md.)"""
+    while chunk c decodes, took 2-4x the registers and was no faster at m = 1: session 16;
+    the chunk's weights copied by cp.async into shared memory, all in flight at once, were
+    no faster either: session 20, bench/NOTES.md.)"""
     geo = lane_geometry(cfg.K)
     step = cfg.warps * cfg.unroll
     xsum = mul1_sums(cfg)

@@ -13,25 +13,31 @@ output columns into all m_tile tokens of the CTA. Decoding per CTA (not per 8 to
 decode ALU cost m_tile / 8 times smaller per multiply-add than the decode plan's.
 
 Tiling (WgmmaGemmConfig): a CTA of ``warpgroups`` warpgroups owns 64 * warpgroups output columns
-(warp w: n16 tile bx * 4 * warpgroups + w), m_tile tokens (wgmma's N) and one K-split. Activations
-go through a ring of 3 shared-memory stages of k_chunk = 4 k16 steps (64 k: one 128-byte row per
-token, the canonical K-major 128-byte-swizzle layout that wgmma's B descriptor reads). A chunk's
-activation words and weight words are loaded into registers at its start, written to the stage
-after next at its end (then fence.proxy.async and one barrier). Three stages because a warpgroup
-keeps one wgmma in flight (wait_group 1 after each issue): when any warp writes stage
-(c + 1) % 3 at the end of chunk c, every warpgroup is past chunk c - 1's barrier, so chunk c - 2
-(the stage's last reader) has retired everywhere.
+(warp w: n16 tile bx * 4 * warpgroups + w), m_tile tokens (wgmma's N) and one K-split; a chunk is
+K_CHUNK = 4 k16 steps. Everything a chunk reads arrives by cp.async, which has no destination
+register for ptxas to sink next to its first use (session 18's register-staged loop asked for
+chunk c + 1's loads during chunk c, and ptxas moved them to the end of chunk c; the copies
+took 4-17% off at m >= 32 on the H200: bench/NOTES.md, session 20):
+  * activations two chunks ahead into a ring of ACTIVATION_STAGES = 4 shared-memory stages (64 k
+    per token: one 128-byte row, the canonical K-major 128-byte-swizzle layout that wgmma's B
+    descriptor reads). Chunk c + 2 lands in the stage chunk c - 2 read: a warpgroup keeps one
+    wgmma in flight, so every wgmma reading it retired before its warpgroup passed chunk c - 1's
+    barrier;
+  * each warp's weight words (its K_CHUNK tiles, one 16-byte copy per lane at K = 4)
+    weight_ring - 1 chunks ahead into its private ring of weight_ring chunk slots, which the
+    decode reads back (LDS); chunk c + R - 1 lands in the slot chunk c - 1 read.
+Chunk c + 2's activations and chunk c + R - 1's weights form one cp.async group issued at the top
+of chunk c; at its end wait_group 1 (chunk c + 1's group is older than the newest) then
+fence.proxy.async and one barrier.
 
-Options (WgmmaGemmConfig): ``async_copy`` stages the activations with cp.async two chunks ahead
-through a ring of 4 (the weight words two chunks ahead in registers) instead of through
-registers; ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
-block) applies the output transform in the epilogue and writes y instead of partials.
+Option: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard block)
+applies the output transform in the epilogue and writes y instead of partials.
 
-Per k16 step a warp: decodes the tile (overlapping the warpgroup's wgmma in flight), wgmma.fence,
-one wgmma m64n{m_tile}k16 (A: its 4 registers; B: the stage's descriptor advanced by 32 bytes per
-step), commit, wait_group 1. The wait names the previous step's A registers as inputs, so they
-stay allocated until that wgmma has read them; the final wait_group 0 ties the accumulators
-before the epilogue reads them.
+Per k16 step a warp: reads its tile's words from its ring slot and decodes them (overlapping the
+warpgroup's wgmma in flight), wgmma.fence, one wgmma m64n{m_tile}k16 (A: its 4 registers; B: the
+stage's descriptor advanced by 32 bytes per step), commit, wait_group 1. The wait names the
+previous step's A registers as inputs, so they stay allocated until that wgmma has read them;
+the final wait_group 0 ties the accumulators before the epilogue reads them.
 
 Layout contract (flat, sizes static):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, row-major, zero padded rows (the input
@@ -54,16 +60,19 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cute_ops import (cta_thread_ids, decode_words, hadamard128_lane, lane_funnels,
-                       load_tile_words, load_words_v4)
+from .cute_ops import (cp_async_16, cp_async_commit, cp_async_wait, cta_thread_ids,
+                       decode_words, hadamard128_lane, inline_ptx, lane_funnels, load_tile_words)
 from .hadamard import SCALE as HAD_SCALE
 from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
 from .trellis_tiles import TokenTiles
 
 ARCH = "sm_90a"        # wgmma exists on Hopper only (sm_120a has mma.sync: the tiles plan)
 K_CHUNK = 4            # k16 steps per stage: 64 fp16 = one 128-byte swizzle row per token
-STAGES = 3             # the ring depth the retirement argument above needs
-ASYNC_STAGES = 4       # async_copy: chunk c + 2 lands in the stage chunk c - 2 read
+ACTIVATION_STAGES = 4  # chunk c + 2 lands in the stage chunk c - 2 read
+MIN_WEIGHT_RING = 3    # chunk c + R - 1 lands in chunk c - 1's slot; R - 1 >= 2 so the chunk
+                       # due next is never in the newest cp.async group
+WEIGHT_RING = 4        # measured on the H200 (session 20): 4 and 6 within 2-5%, both ahead of
+                       # register staging at m >= 32 (up to -17% at 8192x28672 m = 32)
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
 M_TILES = (32, 64, 128, 256)           # wgmma N values used (accumulators: m_tile / 2 per lane)
@@ -88,10 +97,8 @@ class WgmmaGemmConfig(TokenTiles):
     m_tile: int = 128      # tokens per CTA = wgmma's N (M_TILES)
     warpgroups: int = 2    # 64 output columns each
     splits: int = 1        # K-splits (grid y)
-    # Activations by cp.async straight into a 4-deep ring, two chunks ahead (the weights' words
-    # two chunks ahead in registers), instead of through registers one chunk ahead: more bytes
-    # in flight per warp and 16 staging registers fewer (m_tile 128). Not measured: an A/B.
-    async_copy: bool = False
+    # Chunk slots of each warp's weight ring (weights weight_ring - 1 chunks ahead).
+    weight_ring: int = WEIGHT_RING
     # One K-split: the epilogue applies the output transform (Hadamard-128 over the CTA's 128
     # columns through shared memory, * SCALE * svh * row scale + bias, as
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
@@ -99,16 +106,20 @@ class WgmmaGemmConfig(TokenTiles):
     biased: bool = False   # fused_out: the linear has a bias
 
     chunk_steps = K_CHUNK
+    stages = ACTIVATION_STAGES
 
     @property
-    def stages(self) -> int:
-        return ASYNC_STAGES if self.async_copy else STAGES
+    def slot_words(self) -> int:
+        """Words of one warp's weight-ring slot: its K_CHUNK tiles."""
+        return K_CHUNK * lane_geometry(self.K).words
 
     @property
     def smem_words(self) -> int:
-        """The stage ring, or (fused_out) the epilogue's fp32 tile if larger (the same buffer:
-        the epilogue starts once every wgmma has retired)."""
-        ring = self.stages * self.stage_words
+        """The stage ring and the warps' weight rings after it, or (fused_out) the epilogue's
+        fp32 tile if larger (the same buffer: the epilogue starts once every wgmma has retired
+        and every copy has landed)."""
+        ring = self.stages * self.stage_words + 4 * self.warpgroups * self.weight_ring \
+            * self.slot_words
         return max(ring, self.m_tile * EPILOGUE_ROW_WORDS) if self.fused_out else ring
 
     @property
@@ -132,6 +143,9 @@ class WgmmaGemmConfig(TokenTiles):
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
         if self.warpgroups not in (1, 2):
             raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
+        if self.weight_ring < MIN_WEIGHT_RING:
+            raise ValueError(f"weight_ring {self.weight_ring} must be at least "
+                             f"{MIN_WEIGHT_RING} chunk slots")
         if self.fused_out and (self.splits != 1 or self.warpgroups != 2):
             raise ValueError("fused_out needs one K-split and two warpgroups (a CTA's 128 "
                              "columns are one Hadamard block)")
@@ -171,15 +185,6 @@ def descriptor_lo(stage_address, kk=0):
 
 
 @dsl_user_op
-def _st_shared_v4(address, words, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip)]
-                    + [Uint32(w).ir_value(loc=loc, ip=ip) for w in words],
-                    "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}",
-                    has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
 def _st_shared_f32(address, v, *, loc=None, ip=None) -> None:
     llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip),
                            Float32(v).ir_value(loc=loc, ip=ip)],
@@ -197,41 +202,17 @@ def _ld_shared_v4_f32(address, *, loc=None, ip=None) -> list:
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
-@dsl_user_op
-def _cp_async_16(address, src, *, loc=None, ip=None) -> None:
-    """16 bytes global -> shared (L2 only), completing asynchronously (cp.async groups)."""
-    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip),
-                           Int64(src).ir_value(loc=loc, ip=ip)],
-                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}",
-                    has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _ptx(body: str, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [], body, "~{memory}", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
 def wgmma_fence():
-    _ptx("wgmma.fence.sync.aligned;")
+    inline_ptx("wgmma.fence.sync.aligned;")
 
 
 def wgmma_commit():
-    _ptx("wgmma.commit_group.sync.aligned;")
-
-
-def cp_async_commit():
-    _ptx("cp.async.commit_group;")
-
-
-def cp_async_wait(pending: int):
-    _ptx(f"cp.async.wait_group {pending};")
+    inline_ptx("wgmma.commit_group.sync.aligned;")
 
 
 def proxy_fence_shared():
     """Ordinary shared-memory stores made visible to the async proxy (wgmma's operand reads)."""
-    _ptx("fence.proxy.async.shared::cta;")
+    inline_ptx("fence.proxy.async.shared::cta;")
 
 
 @dsl_user_op
@@ -281,48 +262,55 @@ def wgmma_wait_acc(acc, *, loc=None, ip=None) -> list:
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
 
 
-def _load_stage(xw, m0, ks, tid, cfg):
-    """This thread's copy units of the chunk starting at k16 step ks (one 16-byte load each)."""
-    words = []
-    for i in range(cfg.copy_units):
-        row, seg = stage_unit(cfg, tid + i * cfg.threads)
-        words.append(load_words_v4(xw, (m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4))
-    return words
-
-
-def _store_stage(stage_address, words, tid, cfg):
-    for i in range(cfg.copy_units):
-        row, seg = stage_unit(cfg, tid + i * cfg.threads)
-        _st_shared_v4(stage_address + swizzled_word(row, seg) * 4, words[i])
-
-
 def _copy_stage_async(xw, m0, ks, stage_address, tid, cfg):
     """This thread's copy units of the chunk starting at k16 step ks, by cp.async into the
     stage (one group per call)."""
     src = xw.iterator.toint()
     for i in range(cfg.copy_units):
         row, seg = stage_unit(cfg, tid + i * cfg.threads)
-        _cp_async_16(stage_address + swizzled_word(row, seg) * 4,
+        cp_async_16(stage_address + swizzled_word(row, seg) * 4,
                      src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
     cp_async_commit()
 
 
-def _chunk_weight_words(tw, ks, tn, funnels, geo, cfg):
-    """Flat weight words of the warp's tiles (ks + kk, tn), kk < K_CHUNK."""
-    return [v for kk in range(K_CHUNK)
-            for pair in load_tile_words(tw, ((ks + kk) * cfg.n16 + tn) * geo.words, funnels, geo)
-            for v in pair]
+def weight_piece(p, geo, cfg):
+    """(k16 step within the chunk, 16-byte piece within its tile) of piece p of a warp's
+    chunk of weight words (K_CHUNK tiles of geo.words words, each a whole number of 16-byte
+    pieces). Plain integer arithmetic."""
+    per_tile = geo.words // 4
+    return p // per_tile, p % per_tile
 
 
-def _mma_chunk(acc, a_prev, wreg, desc_lo, funnels, geo, cfg):
-    """The chunk's K_CHUNK steps: decode the warp's tile into A, one wgmma each against the
-    stage whose step-0 descriptor word is ``desc_lo``, one in flight (acc, a_prev, wreg:
-    register tensors). Plain Python inlined at trace time, hence ``range``: the DSL
-    preprocessor rewrites only the kernels."""
-    g2 = geo.groups * 2
+def _copy_weights_async(tw, ks, tn, slot_address, lane, geo, cfg):
+    """This lane's cp.asyncs of the warp's weight words of the chunk at k16 step ks into the
+    ring slot at shared byte address slot_address (piece p of the chunk at slot_address + 16 p:
+    the slot holds the K_CHUNK tiles back to back). Where the pieces do not divide over the
+    lanes, the last piece is copied by the spare lanes too (the same bytes to the same place).
+    Joins the next cp.async group (committed by the caller)."""
+    src = tw.iterator.toint()
+    total = K_CHUNK * geo.words // 4
+    for i in range(-(-total // 32)):
+        p = lane + 32 * i
+        if total % 32:
+            p = cutlass.min(p, total - 1)
+        kk, q = weight_piece(p, geo, cfg)
+        cp_async_16(slot_address + p * 16,
+                     src + Int64(((ks + kk) * cfg.n16 + tn) * geo.words + 4 * q) * 4)
+
+
+def _ring_weight_words(smem, slot_word, funnels, geo):
+    """step kk -> the lane's words of step kk's tile in its weight-ring slot (word index
+    slot_word of the kernel's shared buffer), as load_tile_words returns them."""
+    return lambda kk: load_tile_words(smem, slot_word + kk * geo.words, funnels, geo)
+
+
+def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
+    """The chunk's K_CHUNK steps: decode the warp's tile (words: ``step_words(kk)``, from its
+    weight-ring slot) into A, one wgmma each against the stage whose step-0 descriptor word is
+    ``desc_lo``, one in flight (acc, a_prev: register tensors). Plain Python inlined at trace
+    time, hence ``range``: the DSL preprocessor rewrites only the kernels."""
     for kk in range(K_CHUNK):
-        words = [(wreg[kk * g2 + 2 * q], wreg[kk * g2 + 2 * q + 1]) for q in range(geo.groups)]
-        h = decode_words(words, funnels, geo, cfg.codebook)
+        h = decode_words(step_words(kk), funnels, geo, cfg.codebook)
         a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
         wgmma_fence()
         d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, desc_lo + 2 * kk)
@@ -371,66 +359,44 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     base = smem.iterator.toint()
     stage_bytes = cfg.stage_words * 4
     desc0 = descriptor_lo(base)                      # stage 0, step 0
-    nw = K_CHUNK * geo.groups * 2
     acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
     for i in cutlass.range_constexpr(cfg.acc_regs):
         acc[i] = Float32(0.0)
-    wreg = cute.make_rmem_tensor((nw,), Uint32)       # the chunk's weight words, across steps
     a_prev = cute.make_rmem_tensor((4,), Uint32)      # A registers of the wgmma in flight
     for i in cutlass.range_constexpr(4):
         a_prev[i] = Uint32(0)
     last = cfg.chunks - 1
+    lead = cfg.weight_ring - 1
+    slot_bytes = cfg.slot_words * 4
+    ring_word = cfg.stages * cfg.stage_words + warp * cfg.weight_ring * cfg.slot_words
 
-    if cutlass.const_expr(cfg.async_copy):
-        # Chunks 0 and 1 in flight; chunk c + 2 is issued at the top of chunk c into the stage
-        # chunk c - 2 read (retired everywhere once every thread passed chunk c - 1's barrier).
-        wnext = cute.make_rmem_tensor((nw,), Uint32)  # chunk c + 1's weight words
-        for j in cutlass.range_constexpr(2):
-            _copy_stage_async(xw, m0, ks0 + cutlass.min(j, last) * K_CHUNK,
-                              base + j * stage_bytes, tid, cfg)
-        for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):
-            wreg[i] = v
-        for i, v in enumerate(_chunk_weight_words(
-                tw, ks0 + cutlass.min(1, last) * K_CHUNK, tn, funnels, geo, cfg)):
-            wnext[i] = v
-        cp_async_wait(1)
+    # In flight before the loop: weights of chunks 0 .. R - 2 with chunk 0's activations (one
+    # group), chunk 1's activations (the next). Past the last chunk every copy re-loads it (in
+    # bounds, into stages and slots never read again).
+    for j in cutlass.range_constexpr(lead):
+        _copy_weights_async(tw, ks0 + cutlass.min(j, last) * K_CHUNK, tn,
+                            base + ring_word * 4 + j * slot_bytes, lane, geo, cfg)
+    for j in cutlass.range_constexpr(2):
+        _copy_stage_async(xw, m0, ks0 + cutlass.min(j, last) * K_CHUNK,
+                          base + j * stage_bytes, tid, cfg)
+    cp_async_wait(1)
+    proxy_fence_shared()
+    cute.arch.sync_threads()
+    for c in cutlass.range(cfg.chunks):
+        _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
+                            base + ring_word * 4 + ((c + lead) % cfg.weight_ring) * slot_bytes,
+                            lane, geo, cfg)
+        _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
+                          base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
+        slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
+        _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
+                   desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4), funnels, geo, cfg)
+        cp_async_wait(1)                              # chunk c + 1 has landed
         proxy_fence_shared()
         cute.arch.sync_threads()
-        for c in cutlass.range(cfg.chunks):
-            # Past the last chunk the copies re-load it (in bounds, into stages never read).
-            k2 = ks0 + cutlass.min(c + 2, last) * K_CHUNK
-            _copy_stage_async(xw, m0, k2, base + ((c + 2) % ASYNC_STAGES) * stage_bytes, tid,
-                              cfg)
-            w2 = _chunk_weight_words(tw, k2, tn, funnels, geo, cfg)
-            _mma_chunk(acc, a_prev, wreg, desc0 + (c % ASYNC_STAGES) * (stage_bytes >> 4),
-                       funnels, geo, cfg)
-            for i in cutlass.range_constexpr(nw):
-                wreg[i] = wnext[i]
-                wnext[i] = w2[i]
-            cp_async_wait(1)                          # chunk c + 1 has landed
-            proxy_fence_shared()
-            cute.arch.sync_threads()
-        # The last copies (re-loads of the last chunk) must land before the epilogue reuses
-        # the buffer (fused_out) and before the CTA exits.
-        cp_async_wait(0)
-    else:
-        _store_stage(base, _load_stage(xw, m0, ks0, tid, cfg), tid, cfg)
-        for i, v in enumerate(_chunk_weight_words(tw, ks0, tn, funnels, geo, cfg)):
-            wreg[i] = v
-        proxy_fence_shared()
-        cute.arch.sync_threads()
-        for c in cutlass.range(cfg.chunks):
-            # The next chunk's loads (the last chunk re-loads itself: in bounds, never read).
-            kn = ks0 + cutlass.min(c + 1, last) * K_CHUNK
-            xnext = _load_stage(xw, m0, kn, tid, cfg)
-            wnext = _chunk_weight_words(tw, kn, tn, funnels, geo, cfg)
-            _mma_chunk(acc, a_prev, wreg, desc0 + (c % STAGES) * (stage_bytes >> 4), funnels,
-                       geo, cfg)
-            for i in cutlass.range_constexpr(nw):
-                wreg[i] = wnext[i]
-            _store_stage(base + ((c + 1) % STAGES) * stage_bytes, xnext, tid, cfg)
-            proxy_fence_shared()
-            cute.arch.sync_threads()
+    # The last copies must land before the epilogue reuses the buffer (fused_out) and before
+    # the CTA exits.
+    cp_async_wait(0)
 
     d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
     if cutlass.const_expr(cfg.fused_out):
@@ -452,6 +418,7 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-__all__ = ["ARCH", "K_CHUNK", "M_TILES", "STAGES", "WgmmaGemmConfig", "d_fragment_position",
-           "descriptor_lo",
+__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES", "MIN_WEIGHT_RING", "WEIGHT_RING",
+           "WgmmaGemmConfig",
+           "d_fragment_position", "descriptor_lo", "weight_piece",
            "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

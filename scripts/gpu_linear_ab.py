@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--K", default="4")
     p.add_argument("--codebooks", default="mcg,mul1")
     p.add_argument("--m", default="1")
+    p.add_argument("--bf16", action="store_true",
+                   help="also time a bf16 jnp.dot per (shape, m); rows gain bf16_us, x_bf16")
     p.add_argument("--out")
     a = p.parse_args(argv)
     for kv in a.env2:
@@ -46,6 +48,14 @@ def main(argv=None) -> int:
     rows = []
     for shape in a.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
+        bf16_us = {}
+        if a.bf16:
+            wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02,
+                             jnp.bfloat16)
+            for m in (int(v) for v in a.m.split(",")):
+                xb = jnp.zeros((m, k), jnp.bfloat16)
+                bf16_us[m] = 1e6 * gb.time_in_loop(lambda x, w: jnp.dot(x, w), (xb, wb),
+                                                   iters=gb.iters_for(m, k, n))
         for K in (float(v) if "." in v else int(v) for v in a.K.split(",")):
             for cb in a.codebooks.split(","):
                 w = gb.random_weight(k, n, K, cb)
@@ -63,6 +73,9 @@ def main(argv=None) -> int:
                         row = {"k": k, "n": n, "K": K, "codebook": cb, "m": m, a.env: v,
                                "us": round(us, 2), "rel_l2_vs_first": rel,
                                "finite": bool(np.isfinite(y).all())}
+                        if m in bf16_us:
+                            row["bf16_us"] = round(bf16_us[m], 2)
+                            row["x_bf16"] = round(bf16_us[m] / us, 3)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     if a.out:

@@ -166,11 +166,37 @@ def test_wgmma_plan(k, n, m):
     assert plans.wgmma_plan(m, k, n, tiling=(256, 1, 2)) == plans.TrellisPlan(
         "wgmma", m, m_tile=256, warps=4, splits=2)
     assert p.fused_out == (p.splits == 1)          # one split: the epilogue transforms
-    assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,1") == plans.TrellisPlan(
-        "wgmma", m, m_tile=128, warps=8, splits=1, async_copy=True, fused_out=True)
-    assert not plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,0").fused_out
+    assert plans.tiled_plan("wgmma", m, k, n, "128,2,1") == plans.TrellisPlan(
+        "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=True)
+    assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,6") == plans.TrellisPlan(
+        "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=False, weight_ring=6)
     with pytest.raises(ValueError, match="takes no tiling"):
         plans.tiled_plan("prefill", m, k, n, "128,2,1")
+
+
+@needs_cutlass
+@pytest.mark.parametrize("K", [2, 2.5, 3, 3.5, 4, 5, 6, 7, 8])
+def test_wgmma_weight_ring_copies_cover_each_chunk_once(K, rng):
+    # The wgmma kernel's weight copies: the lanes' 16-byte pieces (the spare lanes repeating
+    # the last) land every word of the warp's K_CHUNK tiles in its ring slot exactly where the
+    # decode reads it (slot word kk * words + f <- trellis word ((c0 + kk) * n16 + tn) * words
+    # + f), and nothing else.
+    from exl3_jax.ffi import trellis_wgmma as tw
+    from exl3_jax.ffi.trellis_geometry import lane_geometry
+    geo = lane_geometry(K)
+    n16, c0, tn = 24, int(rng.integers(0, 8)), int(rng.integers(0, 24))
+    cfg = tw.WgmmaGemmConfig("mcg", K, 1, 2048, 16 * n16)
+    total = tw.K_CHUNK * geo.words // 4
+    lanes = {min(lane + 32 * i, total - 1) for lane in range(32) for i in range(-(-total // 32))}
+    assert lanes == set(range(total))
+    got = {}
+    for p in lanes:
+        kk, q = tw.weight_piece(p, geo, cfg)
+        for e in range(4):
+            got[4 * p + e] = ((c0 + kk) * n16 + tn) * geo.words + 4 * q + e
+    want = {kk * geo.words + f: ((c0 + kk) * n16 + tn) * geo.words + f
+            for kk in range(tw.K_CHUNK) for f in range(geo.words)}
+    assert got == want
 
 
 @needs_cutlass
@@ -186,7 +212,7 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
     x = rng.integers(0, 2**16, size=(cfg.m_tile, 16 * tw.K_CHUNK)).astype(np.uint16)
     words = x.view(np.uint32)                                 # [m_tile, 32]: one chunk
     base = 3 * 1024                                           # any 1024-aligned address
-    smem = np.zeros(base + tw.STAGES * stage_bytes, np.uint8)
+    smem = np.zeros(base + tw.ACTIVATION_STAGES * stage_bytes, np.uint8)
     units = np.arange(cfg.copy_units * cfg.threads)
     row, seg = tw.stage_unit(cfg, units)
     assert sorted(zip(row, seg)) == [(r, s) for r in range(cfg.m_tile) for s in range(8)]
@@ -984,10 +1010,12 @@ def test_compile_only_wgmma_kernels(tmp_path):
     cases = [("mcg", 4, 128, "wgmma", 1024, 512), ("mul1", 3.5, 40, "wgmma", 512, 1024),
              ("3inst", 2, 300, "wgmma", 512, 256), ("mcg", 6, 4096, "wgmma", 1024, 256),
              ("mcg", 3, 1024, "wgmma", 4096, 1024),           # 64 chunks: the loop's back edge
-             # activations by cp.async (async_copy): two chunks ahead, a 4-deep ring
-             ("mcg", 4, 1024, "wgmma:128,2,1,1", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2,1"),
-             ("mul1", 4, 200, "wgmma:256,2,1,0,1", 512, 256),      # fused, padded rows
-             ("mcg", 3, 16, "wgmma", 1024, 512)]                     # m_tile 32
+             ("mcg", 4, 1024, "wgmma:128,2,1,0", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2"),
+             ("mul1", 4, 200, "wgmma:256,2,1,1", 512, 256),        # fused, padded rows
+             ("mcg", 3, 16, "wgmma", 1024, 512),                     # m_tile 32
+             # weight rings of 3 and 6 chunk slots per warp
+             ("mcg", 4, 128, "wgmma:128,2,1,0,3", 2048, 512),
+             ("mul1", 3.5, 64, "wgmma:64,2,2,0,6", 1024, 768)]
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for case, row in zip(cases, rows):

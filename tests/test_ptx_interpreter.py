@@ -277,6 +277,26 @@ def test_cp_async_read_before_its_wait_is_caught(rng):
         run(CP_ASYNC.replace("WAIT", ""), [src], 512, smem=512, shared_decl=True)
 
 
+def test_bar_warp_sync_orders_a_warp_and_partial_warps_are_refused(rng):
+    # Lane t reads the 16 bytes lane t + 1 copied (the staged decode kernels' pattern): a full
+    # warp's bar.warp.sync after the wait; a partial member mask or a warp that only partly
+    # reaches it is refused.
+    src = rng.integers(0, 2**32, size=128, dtype=np.uint64).astype(np.uint32)
+    other = ("cp.async.wait_group 0;\nSYNC\nadd.s32 %r9, %r1, 1;\nand.b32 %r9, %r9, 31;\n"
+             "shl.b32 %r9, %r9, 4;\nadd.s32 %r4, %r2, %r9;")
+    body = CP_ASYNC.replace("WAIT", other)
+    got = run(body.replace("SYNC", "bar.warp.sync -1;"), [src], 512, smem=512,
+              shared_decl=True)
+    np.testing.assert_array_equal(got.view(np.uint32).reshape(32, 4),
+                                  np.roll(src.reshape(32, 4), -1, axis=0))
+    with pytest.raises(pi.PtxUnsupported, match="partial member mask"):
+        run(body.replace("SYNC", "bar.warp.sync 65535;"), [src], 512, smem=512,
+            shared_decl=True)
+    half = "setp.lt.u32 %p1, %r1, 16;\n@%p1 bra $SKIP;\nbar.warp.sync -1;\n$SKIP:"
+    with pytest.raises(pi.PtxError, match="part of a warp"):
+        run(body.replace("SYNC", half), [src], 512, smem=512, shared_decl=True)
+
+
 # wgmma m64n8k16: threads 0..63 stage B (8 rows x 64 fp16, 128-byte swizzle) in shared memory,
 # every thread loads its 4 A registers, one wgmma, D (4 fp32 per thread) to global.
 WGMMA = """

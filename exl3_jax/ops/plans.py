@@ -7,13 +7,14 @@ without a GPU or cutlass.
 Plan kinds:
   * "decode"  (m <= DECODE_MAX_M): the decode+MMA kernel with one CTA token tile covering all m
     rows (m_tile = m rounded up to 8), so every weight tile is decoded exactly once.
-  * "tiles" (forced only, not yet measured): the large-token-tile MMA kernel
+  * "tiles" (forced only: slower than prefill and wgmma on the H200, session 20; the sm_120a
+    path for 32 < m once measured there): the large-token-tile MMA kernel
     (ffi/trellis_tiles.py): each weight tile decoded once per 64 or 128 tokens.
-  * "wgmma" (forced only, not yet measured; Hopper only): the same decode-once-per-token-tile
+  * "wgmma" (Hopper only; forced only, see wgmma_plan): the same decode-once-per-token-tile
     scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 32-256.
   * "prefill" (m > DECODE_MAX_M): the dequantize kernel writes W_hat^T (fp16) and XLA runs the
-    GEMM. Chosen over the MMA kernel with more token tiles because that kernel re-decodes the
-    weights once per 32 tokens; the crossover is to be re-measured on the H200 (bench/NOTES.md).
+    GEMM. At m >= 1024 it beat the token-tile kernels on the H200 (0.7x bf16 against
+    0.4-0.5x; bench/NOTES.md, session 20).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ class TrellisPlan:
     # prefill (dequantize kernel) parameters
     dq_warps: int = 0
     dq_k_tiles: int = 0
-    # wgmma: activations by cp.async two chunks ahead (trellis_wgmma.WgmmaGemmConfig.async_copy);
-    # with one K-split, the output transform in the kernel's epilogue (fused_out)
-    async_copy: bool = False
+    # wgmma: with one K-split, the output transform in the kernel's epilogue (fused_out); the
+    # chunk slots of each warp's weight ring (trellis_wgmma.WgmmaGemmConfig.weight_ring; 0: the
+    # kernel's default)
     fused_out: bool = False
+    weight_ring: int = 0
 
 
 def _divisors(x: int) -> list[int]:
@@ -114,7 +116,7 @@ def tiles_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     """Large-token-tile MMA plan (ffi/trellis_tiles.py; any m, meant for 32 < m): token tiles
     of 64 (m <= 64) or 128, 8 warps of one n16 tile each (128 columns per CTA), chunks of 4 k16
     steps (``unroll``), and the fewest K-splits (whole chunks, at most TILES_MAX_SPLITS) that
-    give a grid of two CTAs per SM. Not measured yet: only used when forced. ``tiling``:
+    give a grid of two CTAs per SM. Only used when forced. ``tiling``:
     (m_tile, n_tiles, warps, splits, chunk) instead (a tuning aid)."""
     k16, n16 = k // 16, n // 16
     if tiling:
@@ -135,15 +137,18 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
     the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
-    Not measured yet: only used when forced. ``tiling``: (m_tile, warpgroups, splits[,
-    async_copy[, fused_out]]) instead (a tuning aid; fused_out defaults to splits == 1 with two
-    warpgroups)."""
+    Only used when forced. On the H200 (bench/NOTES.md, session 20) it beat the decode plan at
+    m = 32 by 24-35% (whose m_tile 32 costs the same from m = 25) and the prefill plan at m = 64
+    and 128 by 0-16%; auto does not take it until its ring-only form has run on the hardware
+    and the 2-device emulated TP test stops hanging with it. ``tiling``: (m_tile, warpgroups,
+    splits[, fused_out[, weight_ring]]) instead (a tuning aid; fused_out defaults to splits
+    == 1 with two warpgroups)."""
     k16, n16 = k // 16, n // 16
     if tiling:
         m_tile, warpgroups, splits, *rest = tiling
-        fused = bool(rest[1]) if len(rest) > 1 else splits == 1 and warpgroups == 2
+        fused = bool(rest[0]) if rest else splits == 1 and warpgroups == 2
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
-                           async_copy=bool(rest and rest[0]), fused_out=fused)
+                           fused_out=fused, weight_ring=rest[1] if len(rest) > 1 else 0)
     m_tile = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256
     splits = _token_tile_splits(m, k16, n16, m_tile, 4, sms)
     return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits,
@@ -152,7 +157,7 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
 
 def tiled_plan(kind: str, m: int, k: int, n: int, tiling: str) -> TrellisPlan:
     """A token-tile plan ("tiles" or "wgmma") with an explicit tiling given as text, "128,1,8,
-    14,4" (tiles_plan) or "128,2,1[,1]" (wgmma_plan): the EXL3_JAX_TILES / EXL3_JAX_WGMMA
+    14,4" (tiles_plan) or "128,2,1[,1[,6]]" (wgmma_plan): the EXL3_JAX_TILES / EXL3_JAX_WGMMA
     tuning aids and the "kind:tiling" plan names of exl3_jax.ffi.aot's export checks."""
     makers = {"tiles": tiles_plan, "wgmma": wgmma_plan}
     if kind not in makers:
