@@ -189,7 +189,6 @@ class MmaConfig(MmaTiling):
     def x_k16(self) -> int:
         return self.k16 * max(1, len(self.members))
 
-
     @property
     def member_tiles(self) -> tuple:
         """(first n16 tile, n16 tiles) of each member in the output columns."""

@@ -269,11 +269,11 @@ def _copy_stage_async(xw, m0, ks, stage_address, tid, cfg):
     for i in range(cfg.copy_units):
         row, seg = stage_unit(cfg, tid + i * cfg.threads)
         cp_async_16(stage_address + swizzled_word(row, seg) * 4,
-                     src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
+                    src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
     cp_async_commit()
 
 
-def weight_piece(p, geo, cfg):
+def weight_piece(p, geo):
     """(k16 step within the chunk, 16-byte piece within its tile) of piece p of a warp's
     chunk of weight words (K_CHUNK tiles of geo.words words, each a whole number of 16-byte
     pieces). Plain integer arithmetic."""
@@ -293,9 +293,9 @@ def _copy_weights_async(tw, ks, tn, slot_address, lane, geo, cfg):
         p = lane + 32 * i
         if total % 32:
             p = cutlass.min(p, total - 1)
-        kk, q = weight_piece(p, geo, cfg)
+        kk, q = weight_piece(p, geo)
         cp_async_16(slot_address + p * 16,
-                     src + Int64(((ks + kk) * cfg.n16 + tn) * geo.words + 4 * q) * 4)
+                    src + Int64(((ks + kk) * cfg.n16 + tn) * geo.words + 4 * q) * 4)
 
 
 def _ring_weight_words(smem, slot_word, funnels, geo):
@@ -369,13 +369,14 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     lead = cfg.weight_ring - 1
     slot_bytes = cfg.slot_words * 4
     ring_word = cfg.stages * cfg.stage_words + warp * cfg.weight_ring * cfg.slot_words
+    ring_address = base + ring_word * 4                # this warp's weight ring
 
     # In flight before the loop: weights of chunks 0 .. R - 2 with chunk 0's activations (one
     # group), chunk 1's activations (the next). Past the last chunk every copy re-loads it (in
     # bounds, into stages and slots never read again).
     for j in cutlass.range_constexpr(lead):
         _copy_weights_async(tw, ks0 + cutlass.min(j, last) * K_CHUNK, tn,
-                            base + ring_word * 4 + j * slot_bytes, lane, geo, cfg)
+                            ring_address + j * slot_bytes, lane, geo, cfg)
     for j in cutlass.range_constexpr(2):
         _copy_stage_async(xw, m0, ks0 + cutlass.min(j, last) * K_CHUNK,
                           base + j * stage_bytes, tid, cfg)
@@ -384,8 +385,8 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     cute.arch.sync_threads()
     for c in cutlass.range(cfg.chunks):
         _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
-                            base + ring_word * 4 + ((c + lead) % cfg.weight_ring) * slot_bytes,
-                            lane, geo, cfg)
+                            ring_address + ((c + lead) % cfg.weight_ring) * slot_bytes, lane,
+                            geo, cfg)
         _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
                           base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
         slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words

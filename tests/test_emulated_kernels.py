@@ -5,8 +5,8 @@ What this proves without a GPU: every plan's kernels (decode, row linear, groups
 dequantize, the tiles and wgmma token-tile kernels with their weight-ring and fused-epilogue
 options, the Hadamard kernels) decode bit-exactly, compute the GEMM within the issue's bound,
 write every output element, stay inside their buffers, and keep the synchronisation rules the
-interpreter checks (shared-memory races, wgmma and cp.async ordering). What it cannot prove: speed, and the hardware's reading
-of the ISA where it differs from the interpreter's."""
+interpreter checks (shared-memory races, wgmma and cp.async ordering). What it cannot prove:
+speed, and the hardware's reading of the ISA where it differs from the interpreter's."""
 
 from __future__ import annotations
 

@@ -185,13 +185,12 @@ def test_wgmma_weight_ring_copies_cover_each_chunk_once(K, rng):
     from exl3_jax.ffi.trellis_geometry import lane_geometry
     geo = lane_geometry(K)
     n16, c0, tn = 24, int(rng.integers(0, 8)), int(rng.integers(0, 24))
-    cfg = tw.WgmmaGemmConfig("mcg", K, 1, 2048, 16 * n16)
     total = tw.K_CHUNK * geo.words // 4
     lanes = {min(lane + 32 * i, total - 1) for lane in range(32) for i in range(-(-total // 32))}
     assert lanes == set(range(total))
     got = {}
     for p in lanes:
-        kk, q = tw.weight_piece(p, geo, cfg)
+        kk, q = tw.weight_piece(p, geo)
         for e in range(4):
             got[4 * p + e] = ((c0 + kk) * n16 + tn) * geo.words + 4 * q + e
     want = {kk * geo.words + f: ((c0 + kk) * n16 + tn) * geo.words + f
