@@ -74,15 +74,17 @@ def disabled_checks():
 
 def resolve_plan(m: int, k: int, n: int, plan=None, *, sms: int | None = None):
     """The TrellisPlan an artifact is built for: ``plan`` itself, select_plan with a forced
-    kind (or None = auto) for ``sms`` SMs (default: the H200's 132, the plans' DEFAULT_SMS), or
-    for "kind:tiling" (e.g. "wgmma:128,2,1,1") that kind with that tiling (plans.tiled_plan)."""
+    kind (or None = auto) for ``sms`` SMs (default: the H200's 132, the plans' DEFAULT_SMS) and
+    the configured arch, or for "kind:tiling" (e.g. "wgmma:128,2,1,1") that kind with that
+    tiling (plans.tiled_plan)."""
     from exl3_jax.ops.plans import DEFAULT_SMS, TrellisPlan, select_plan, tiled_plan
     if isinstance(plan, TrellisPlan):
         return plan
     if isinstance(plan, str) and ":" in plan:
         kind, tiling = plan.split(":", 1)
         return tiled_plan(kind, m, k, n, tiling)
-    return select_plan(m, k, n, sms=sms or DEFAULT_SMS, force=plan)
+    return select_plan(m, k, n, sms=sms or DEFAULT_SMS, force=plan,
+                       hopper=configured_arch() == "sm_90a")
 
 
 def linear_key(k: int, n: int, K, codebook: str, m: int, x_dtype, bias: bool, plan,

@@ -24,6 +24,7 @@ import threading
 
 import jax
 import numpy as np
+from jax.interpreters import mlir
 
 from . import ptx_interpreter as emu
 
@@ -171,13 +172,28 @@ def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]
     return outs
 
 
-def _emulated_call(*args, lowering_target, spec, output_shape_dtype_flat, ffi_call_target):
+def _emulated_lowering(ctx, *args, lowering_target, spec, output_shape_dtype_flat, **_):
+    """cutlass_call's CPU lowering: a host callback that runs the launches in the interpreter.
+
+    Why not ``jax.pure_callback``: it device_puts its NumPy operands onto CPU device 0 before
+    calling back, and with several simulated devices (shard_map over
+    --xla_force_host_platform_device_count) every device thread then waits on a transfer that
+    needs a thread of the pool they occupy: the 2-device tensor-parallel test hung in that wait
+    (bench/NOTES.md, session 21). ``emit_python_callback`` hands the callback the operand
+    buffers as NumPy arrays, with the sharding rule pure_callback uses (one call per device
+    inside shard_map, one call on device 0 otherwise)."""
+    from jax._src import callback as jax_callback
     shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in output_shape_dtype_flat]
 
     def host(*xs):
         return tuple(run_call(lowering_target.fn, spec, [np.asarray(x) for x in xs], shapes))
 
-    return list(jax.pure_callback(host, tuple(shapes), *args))
+    sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None,
+                                                  ctx.avals_out)
+    results, _, _ = mlir.emit_python_callback(
+        ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=False,
+        returns_token=False, sharding=sharding)
+    return results
 
 
 def enabled() -> bool:
@@ -195,8 +211,6 @@ def install() -> None:
     from cutlass.cutlass_dsl.cutlass import KernelLauncher
     from cutlass.jax import primitive
     from cutlass.memory.smem import SmemAllocator
-    from jax.interpreters import mlir
     _ORIGINALS.update(launch=KernelLauncher.launch, alloca=SmemAllocator._smem_alloca)
     mlir.register_lowering(primitive.cutlass_call_inner_p,
-                           mlir.lower_fun(_emulated_call, multiple_results=True),
-                           platform="cpu")
+                           _emulated_lowering, platform="cpu")

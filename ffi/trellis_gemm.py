@@ -37,7 +37,7 @@ Environment:
                                               default 0, not measured yet).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,weight_ring]]
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,weight_ring[,wgmma_depth]]]
                                               the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from exl3_jax.ops.plans import DEFAULT_SMS, TrellisPlan, select_plan
+from exl3_jax.ops.plans import DECODE_MAX_M, DEFAULT_SMS, TrellisPlan, select_plan
 from exl3_jax.trellis import Exl3Weight, hadamard128
 
 from . import emulate
@@ -117,10 +117,18 @@ def device_sms() -> int:
         return DEFAULT_SMS
 
 
+def plan_force() -> str | None:
+    """The plan kind $EXL3_JAX_PLAN forces, None for auto."""
+    force = os.environ.get(PLAN_ENV, "auto") or "auto"
+    return None if force == "auto" else force
+
+
 def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPlan:
-    force = force or (os.environ.get(PLAN_ENV, "auto") or "auto")
-    plan = select_plan(m, weight.k, weight.n, sms=device_sms(),
-                       force=None if force == "auto" else force)
+    """The plan of one linear on this process's device (its SMs and arch; a CPU process plans
+    for $CUTE_DSL_ARCH), ``force`` or $EXL3_JAX_PLAN picking the kind."""
+    from .aot import device_arch
+    plan = select_plan(m, weight.k, weight.n, sms=device_sms(), force=force or plan_force(),
+                       hopper=device_arch() == "sm_90a")
     tiling = os.environ.get({"tiles": TILES_ENV, "wgmma": WGMMA_ENV}.get(plan.kind, ""), "")
     if tiling:
         from exl3_jax.ops.plans import tiled_plan
@@ -276,7 +284,7 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
     """The kernel config of a token-tile plan (kind "tiles" or "wgmma")."""
     if plan.kind == "wgmma":
         from .aot import device_arch
-        from .trellis_wgmma import ARCH, WEIGHT_RING, WgmmaGemmConfig
+        from .trellis_wgmma import ARCH, WEIGHT_RING, WGMMA_DEPTH, WgmmaGemmConfig
         if (arch := device_arch()) != ARCH:
             raise ValueError(f"the wgmma plan needs a Hopper GPU ({ARCH}); the kernels are "
                              f"built for {arch or 'no CUDA device'}: use the tiles plan there")
@@ -285,6 +293,7 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
                                m_tile=plan.m_tile, warpgroups=plan.warps // 4,
                                splits=plan.splits, fused_out=plan.fused_out,
                                weight_ring=plan.weight_ring or WEIGHT_RING,
+                               wgmma_depth=plan.wgmma_depth or WGMMA_DEPTH,
                                biased=plan.fused_out and weight.bias is not None).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,
@@ -630,8 +639,11 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
 
 def group_supported(weights, m: int) -> bool:
     """Whether linears reading the same [m, k] x can run as one group (trellis_matmul_group_gpu):
-    2..3 members with one k, K and codebook and no stack axes, a decode-plan m, CuTe transforms,
-    and kernels compiled in this process (ahead-of-time artifacts exist per linear only).
+    2..3 members with one k, K and codebook and no stack axes, m <= DECODE_MAX_M with no plan
+    kind but decode forced (the group kernel is the decode kernel; at m = 25..32 a group stays
+    on it on Hopper too, where a single linear takes wgmma: one launch for q/k/v against three,
+    two of them narrow, not measured against each other), CuTe transforms, and kernels
+    compiled in this process (ahead-of-time artifacts exist per linear only).
     EXL3_JAX_GROUPS=0 turns groups off (each member runs as its own linear)."""
     if os.environ.get(GROUPS_ENV, "1") == "0":
         return False
@@ -641,7 +653,8 @@ def group_supported(weights, m: int) -> bool:
     return (2 <= len(weights) <= MAX_MEMBERS
             and all(supports(w) and (w.k, w.K, w.codebook) == (w0.k, w0.K, w0.codebook)
                     for w in weights)
-            and plan_for(m, w0).kind == "decode" and _transforms_mode(None) == "cute"
+            and m <= DECODE_MAX_M and plan_force() in (None, "decode")
+            and _transforms_mode(None) == "cute"
             and aot.artifacts() is None and _cutlass_jax_ok())
 
 

@@ -20,9 +20,9 @@ chunk c + 1's loads during chunk c, and ptxas moved them to the end of chunk c; 
 took 4-17% off at m >= 32 on the H200: bench/NOTES.md, session 20):
   * activations two chunks ahead into a ring of ACTIVATION_STAGES = 4 shared-memory stages (64 k
     per token: one 128-byte row, the canonical K-major 128-byte-swizzle layout that wgmma's B
-    descriptor reads). Chunk c + 2 lands in the stage chunk c - 2 read: a warpgroup keeps one
-    wgmma in flight, so every wgmma reading it retired before its warpgroup passed chunk c - 1's
-    barrier;
+    descriptor reads). Chunk c + 2 lands in the stage chunk c - 2 read: a warpgroup keeps at
+    most K_CHUNK wgmmas in flight, so every wgmma reading it retired before its warpgroup passed
+    chunk c - 1's barrier;
   * each warp's weight words (its K_CHUNK tiles, one 16-byte copy per lane at K = 4)
     weight_ring - 1 chunks ahead into its private ring of weight_ring chunk slots, which the
     decode reads back (LDS); chunk c + R - 1 lands in the slot chunk c - 1 read.
@@ -30,13 +30,14 @@ Chunk c + 2's activations and chunk c + R - 1's weights form one cp.async group 
 of chunk c; at its end wait_group 1 (chunk c + 1's group is older than the newest) then
 fence.proxy.async and one barrier.
 
-Option: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard block)
-applies the output transform in the epilogue and writes y instead of partials.
+Options: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
+block) applies the output transform in the epilogue and writes y instead of partials;
+``wgmma_depth`` D (default 1) is how many wgmmas a warpgroup leaves in flight.
 
 Per k16 step a warp: reads its tile's words from its ring slot and decodes them (overlapping the
-warpgroup's wgmma in flight), wgmma.fence, one wgmma m64n{m_tile}k16 (A: its 4 registers; B: the
-stage's descriptor advanced by 32 bytes per step), commit, wait_group 1. The wait names the
-previous step's A registers as inputs, so they stay allocated until that wgmma has read them;
+warpgroup's D wgmmas in flight), wgmma.fence, one wgmma m64n{m_tile}k16 (A: its 4 registers; B:
+the stage's descriptor advanced by 32 bytes per step), commit, wait_group D. The wait names the
+A registers of the wgmma D steps back as inputs, so they stay allocated until it has read them;
 the final wait_group 0 ties the accumulators before the epilogue reads them.
 
 Layout contract (flat, sizes static):
@@ -73,6 +74,12 @@ MIN_WEIGHT_RING = 3    # chunk c + R - 1 lands in chunk c - 1's slot; R - 1 >= 2
                        # due next is never in the newest cp.async group
 WEIGHT_RING = 4        # measured on the H200 (session 20): 4 and 6 within 2-5%, both ahead of
                        # register staging at m >= 32 (up to -17% at 8192x28672 m = 32)
+WGMMA_DEPTH = 1        # wgmmas a warpgroup keeps in flight while it decodes the next step
+# The wait keeps an in-flight wgmma's A values alive, not its registers: at depth 4 ptxas moved
+# them and reused a register the hardware still reads (SASS of K3 mcg / mul1, session 21);
+# depths 1 and 2 compile clean (every codebook and m_tile checked on the CPU). The stage ring
+# itself would allow up to K_CHUNK.
+MAX_WGMMA_DEPTH = 2
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
 M_TILES = (32, 64, 128, 256)           # wgmma N values used (accumulators: m_tile / 2 per lane)
@@ -99,6 +106,9 @@ class WgmmaGemmConfig(TokenTiles):
     splits: int = 1        # K-splits (grid y)
     # Chunk slots of each warp's weight ring (weights weight_ring - 1 chunks ahead).
     weight_ring: int = WEIGHT_RING
+    # wgmmas in flight per warpgroup after each step's commit (wait_group depth): each keeps
+    # its 4 A registers allocated until retired.
+    wgmma_depth: int = WGMMA_DEPTH
     # One K-split: the epilogue applies the output transform (Hadamard-128 over the CTA's 128
     # columns through shared memory, * SCALE * svh * row scale + bias, as
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
@@ -143,6 +153,8 @@ class WgmmaGemmConfig(TokenTiles):
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
         if self.warpgroups not in (1, 2):
             raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
+        if not 1 <= self.wgmma_depth <= MAX_WGMMA_DEPTH:
+            raise ValueError(f"wgmma_depth {self.wgmma_depth} must be 1..{MAX_WGMMA_DEPTH}")
         if self.weight_ring < MIN_WEIGHT_RING:
             raise ValueError(f"weight_ring {self.weight_ring} must be at least "
                              f"{MIN_WEIGHT_RING} chunk slots")
@@ -307,8 +319,10 @@ def _ring_weight_words(smem, slot_word, funnels, geo):
 def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
     """The chunk's K_CHUNK steps: decode the warp's tile (words: ``step_words(kk)``, from its
     weight-ring slot) into A, one wgmma each against the stage whose step-0 descriptor word is
-    ``desc_lo``, one in flight (acc, a_prev: register tensors). Plain Python inlined at trace
-    time, hence ``range``: the DSL preprocessor rewrites only the kernels."""
+    ``desc_lo``, cfg.wgmma_depth in flight (acc; a_prev: the A registers of those in flight,
+    oldest first, 4 per wgmma: register tensors). Plain Python inlined at trace time, hence
+    ``range``: the DSL preprocessor rewrites only the kernels."""
+    last = 4 * (cfg.wgmma_depth - 1)
     for kk in range(K_CHUNK):
         h = decode_words(step_words(kk), funnels, geo, cfg.codebook)
         a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
@@ -317,9 +331,11 @@ def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
         for i in range(cfg.acc_regs):
             acc[i] = d[i]
         wgmma_commit()
-        wgmma_wait_a(1, [a_prev[i] for i in range(4)])
+        wgmma_wait_a(cfg.wgmma_depth, [a_prev[i] for i in range(4)])    # retires the oldest
+        for i in range(last):
+            a_prev[i] = a_prev[i + 4]
         for i in range(4):
-            a_prev[i] = a[i]
+            a_prev[last + i] = a[i]
 
 
 def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
@@ -362,8 +378,8 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
     for i in cutlass.range_constexpr(cfg.acc_regs):
         acc[i] = Float32(0.0)
-    a_prev = cute.make_rmem_tensor((4,), Uint32)      # A registers of the wgmma in flight
-    for i in cutlass.range_constexpr(4):
+    a_prev = cute.make_rmem_tensor((4 * cfg.wgmma_depth,), Uint32)   # A of the wgmmas in flight
+    for i in cutlass.range_constexpr(4 * cfg.wgmma_depth):
         a_prev[i] = Uint32(0)
     last = cfg.chunks - 1
     lead = cfg.weight_ring - 1
@@ -419,7 +435,7 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES", "MIN_WEIGHT_RING", "WEIGHT_RING",
-           "WgmmaGemmConfig",
+__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES", "MAX_WGMMA_DEPTH",
+           "MIN_WEIGHT_RING", "WEIGHT_RING", "WGMMA_DEPTH", "WgmmaGemmConfig",
            "d_fragment_position", "descriptor_lo", "weight_piece",
            "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

@@ -164,13 +164,16 @@ def check_decode_exact(cb, K, k, n, kinds=None):
 
 
 def forced_plan(m, k, n, kind):
-    """select_plan with a forced kind; "wgmma_ring3": the wgmma plan through the smallest
-    weight ring (3 chunk slots per warp) with one K-split and no fused epilogue, so each CTA's
-    chunks wrap around the ring; "wgmma_fused": with one K-split and the output transform in
-    its epilogue."""
-    if kind == "wgmma_ring3":
+    """select_plan with a forced kind; "wgmma_tight": the wgmma plan through the smallest
+    weight ring (MIN_WEIGHT_RING chunk slots per warp) and the most wgmmas in flight
+    (MAX_WGMMA_DEPTH), with one K-split and no fused epilogue, so each CTA's chunks wrap around
+    the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
+    K-split and the output transform in its epilogue."""
+    if kind == "wgmma_tight":
+        from exl3_jax.ffi.trellis_wgmma import MAX_WGMMA_DEPTH, MIN_WEIGHT_RING
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
-                                   fused_out=False, weight_ring=3)
+                                   fused_out=False, weight_ring=MIN_WEIGHT_RING,
+                                   wgmma_depth=MAX_WGMMA_DEPTH)
     if kind == "wgmma_fused":
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
@@ -186,13 +189,13 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
     # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
     # ffi/trellis_wgmma.py)
     # (on Hopper the wgmma plan at every m, and for m > 32 its smallest weight ring and its
-    # fused output transform: "wgmma_ring3", "wgmma_fused"; the poisoned path checks the
+    # fused output transform: "wgmma_tight", "wgmma_fused"; the poisoned path checks the
     # partials)
     from exl3_jax.ffi.aot import device_arch
     hopper = device_arch() == "sm_90a"
     cases = [(m, kind) for m in ms
              for kind in (("decode", "prefill") + (("wgmma",) if hopper else ()) if m <= 32 else
-                          ("tiles", "prefill") + (("wgmma", "wgmma_ring3", "wgmma_fused")
+                          ("tiles", "prefill") + (("wgmma", "wgmma_tight", "wgmma_fused")
                                                   if hopper else ()))
              if kinds is None or kind in kinds]
     plans = [forced_plan(m, k, n, kind) for m, kind in cases]
@@ -592,7 +595,7 @@ def run_memcheck(kind: str) -> int:
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
     runs = {"decode": [(5, "decode"), (1, "decode")], "prefill": [(40, "prefill")],
             "tiles": [(200, "tiles")],
-            "wgmma": [(200, "wgmma"), (200, "wgmma_ring3"), (200, "wgmma_fused")]}[kind]
+            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
     for m, variant in runs:
         plan = forced_plan(m, k, n, variant)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
@@ -670,7 +673,7 @@ def main(argv=None) -> int:
                         "and test shapes)")
     p.add_argument("--kinds", default=None,
                    help="plan kinds of the gemm section and of decode_exact's token-tile "
-                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_ring3,wgmma_fused "
+                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_tight,wgmma_fused "
                         "(default: every kind the device runs)")
     p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "wgmma", "group", "row"))
     p.add_argument("--sass", metavar="DIR")

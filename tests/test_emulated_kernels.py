@@ -81,7 +81,7 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
         assert row["token_tiles_bit_exact"] and row["wgmma_mismatches"] == 0, row
     gemm = sections["gemm"]["result"]
     kinds = {r["plan"] for r in gemm}
-    assert {"decode", "prefill", "tiles", "wgmma", "wgmma_ring3"} <= kinds, kinds
+    assert {"decode", "prefill", "tiles", "wgmma", "wgmma_tight"} <= kinds, kinds
     assert [r for r in gemm if not r["ok"]] == []
     for name in ("group", "row_linear", "dispatch", "row_scale"):
         rows = sections[name]["result"]

@@ -23,6 +23,7 @@ from helpers_cute import check_rows, last_line_of_script, needs_cutlass
 
 from exl3_jax.format.spec import width_from_rate
 from exl3_jax.ffi import trellis_gemm as tg
+from exl3_jax.ffi import aot
 from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_fragment_word,
                                            emulate_lane_states, lane_geometry,
                                            pair_fragment_slot, pair_fragment_word,
@@ -111,14 +112,22 @@ def test_fragment_pairs_follow_the_tile_permutation():
 
 
 @pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 28672), (2048, 768), (128, 128)])
-def test_plan_selection(k, n):
-    for m in (1, 2, 7, 8, 9, 16, 17, 31, 32):
-        p = plans.select_plan(m, k, n)
+@pytest.mark.parametrize("hopper", [False, True])
+def test_plan_selection(k, n, hopper):
+    # Auto: decode up to 32 rows and prefill above; on Hopper wgmma for 25..128 rows.
+    for m in (1, 2, 7, 8, 9, 16, 17, 24, 25, 31, 32):
+        p = plans.select_plan(m, k, n, hopper=hopper)
+        if hopper and m >= 25:
+            assert p == plans.select_plan(m, k, n, force="wgmma")
+            continue
         assert p.kind == "decode" and p.m_tile == -(-m // 8) * 8 and p.m_tile >= m
         assert (k // 16) % p.splits == 0 and (n // 16) % p.n_tiles == 0
         assert (k // 16) // p.splits >= p.warps      # every warp gets k16 tiles
-    for m in (33, 128, 1000, 4096):
-        p = plans.select_plan(m, k, n)
+    for m in (33, 128, 129, 1000, 4096):
+        p = plans.select_plan(m, k, n, hopper=hopper)
+        if hopper and m <= 128:
+            assert p == plans.select_plan(m, k, n, force="wgmma")
+            continue
         assert p.kind == "prefill"
         assert (k // 16) % (p.dq_warps * p.dq_k_tiles) == 0
     # Static and deterministic: a decode loop at fixed m always gets the same plan (no
@@ -152,9 +161,11 @@ def test_tiles_plan(k, n, m):
 @pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
 @pytest.mark.parametrize("m", [16, 32, 33, 64, 65, 128, 1000, 2049, 4096])
 def test_wgmma_plan(k, n, m):
-    # Forced only: token tiles of 32 / 64 / 128 / 256 (wgmma's N), two warpgroups of 64 columns,
-    # whole 4-step chunks per split, the fewest splits giving one CTA per SM.
+    # Token tiles of 32 / 64 / 128 / 256 (wgmma's N), two warpgroups of 64 columns, whole 4-step
+    # chunks per split, the fewest splits giving one CTA per SM; auto only on Hopper.
     assert plans.select_plan(m, k, n).kind == ("decode" if m <= 32 else "prefill")
+    assert plans.select_plan(m, k, n, hopper=True).kind == (
+        "wgmma" if 25 <= m <= 128 else "decode" if m <= 32 else "prefill")
     p = plans.select_plan(m, k, n, force="wgmma")
     assert p.kind == "wgmma" and p.warps == 8
     assert p.m_tile == (32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256)
@@ -170,6 +181,9 @@ def test_wgmma_plan(k, n, m):
         "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=True)
     assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,6") == plans.TrellisPlan(
         "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=False, weight_ring=6)
+    assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,4,2") == plans.TrellisPlan(
+        "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=False, weight_ring=4,
+        wgmma_depth=2)
     with pytest.raises(ValueError, match="takes no tiling"):
         plans.tiled_plan("prefill", m, k, n, "128,2,1")
 
@@ -237,6 +251,9 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, m_tile=96).validate()
     with pytest.raises(ValueError, match="whole chunks"):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, splits=32).validate()
+    for depth in (0, tw.MAX_WGMMA_DEPTH + 1):
+        with pytest.raises(ValueError, match=f"wgmma_depth {depth} must be 1..2"):
+            tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, wgmma_depth=depth).validate()
 
 
 @needs_cutlass
@@ -264,7 +281,6 @@ def test_wgmma_d_fragments_and_epilogue_banks(m_tile):
 def test_wgmma_plan_needs_hopper(monkeypatch):
     # The warpgroup MMA exists on sm_90a only: building the kernel config elsewhere is an error
     # that names the arch and the alternative, before anything is compiled.
-    from exl3_jax.ffi import aot
     w = random_weight(np.random.default_rng(0), 512, 256, 4, "mcg")
     plan = plans.select_plan(100, 512, 256, force="wgmma")
     for arch in ("sm_120a", None):
@@ -286,6 +302,14 @@ def test_plan_forcing_and_errors(monkeypatch):
     assert tg.plan_for(4, w).kind == "prefill"
     monkeypatch.setenv(tg.PLAN_ENV, "auto")
     assert tg.plan_for(4, w).kind == "decode"
+    # The device's arch decides whether auto may take wgmma (a CPU process: $CUTE_DSL_ARCH).
+    for arch, kind in (("sm_90a", "wgmma"), ("sm_120a", "prefill"), (None, "prefill")):
+        monkeypatch.setattr(aot, "device_arch", lambda arch=arch: arch)
+        assert tg.plan_for(40, w).kind == kind and tg.plan_for(24, w).kind == "decode"
+    monkeypatch.setenv(aot.ARCH_ENV, "sm_90a")
+    assert aot.resolve_plan(40, 256, 256).kind == "wgmma"
+    monkeypatch.setenv(aot.ARCH_ENV, "sm_120a")
+    assert aot.resolve_plan(40, 256, 256).kind == "prefill"
 
 
 @pytest.mark.parametrize("k,n", [(8192, 28672), (4096, 14336), (14336, 4096), (4096, 4096),
@@ -656,7 +680,6 @@ def emulated_kernels(monkeypatch):
         return jnp.concatenate(ys, axis=1)
 
     monkeypatch.setattr(tg, "_cutlass_jax_ok", lambda: True)
-    from exl3_jax.ffi import aot
     monkeypatch.setattr(aot, "device_arch", lambda: "sm_90a")       # the wgmma plan's check
     for name, fn in (("mma_partials_words", mma_partials_words), ("hadamard_in", hadamard_in),
                      ("row_linear", row_linear),
@@ -818,7 +841,7 @@ def test_pair_fragment_plumbing(rng, emulated_kernels, monkeypatch, members):
     assert tg._mma_config(ws[0], plans.select_plan(12, 512, ws[0].n)).x_layout == "rows"
 
 
-def test_linear_group_falls_back_per_member(rng, emulated_kernels):
+def test_linear_group_falls_back_per_member(rng, emulated_kernels, monkeypatch):
     from exl3_jax.ops import trellis_matmul_group
     x = jnp.asarray(rng.standard_normal((3, 256)), jnp.float32)
     mixed_k = [random_weight(rng, 256, 128, 3, "mcg"), random_weight(rng, 256, 128, 4, "mcg")]
@@ -827,10 +850,22 @@ def test_linear_group_falls_back_per_member(rng, emulated_kernels):
     for y, w in zip(ys, mixed_k):
         ref = linear_reference(x, w.trellis, w.suh, w.svh, w.codebook)
         assert float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3
-    emulated_kernels.clear()
-    x40 = jnp.asarray(rng.standard_normal((40, 256)), jnp.float32)     # a prefill size
-    trellis_matmul_group(x40, [mixed_k[0], mixed_k[0]], backend="gpu")
-    assert [c[0] for c in emulated_kernels] == ["prefill", "prefill"]
+    # Above the decode plan's rows each member runs alone, on the plan auto gives it: wgmma on
+    # Hopper for up to 128 rows, prefill elsewhere; a group of 25..32 rows stays on the decode
+    # group kernel on Hopper too.
+    x40 = jnp.asarray(rng.standard_normal((40, 256)), jnp.float32)
+    x28 = x40[:28]
+    same = [mixed_k[0], mixed_k[0]]
+    for arch, kind in (("sm_90a", "wgmma"), ("sm_120a", "prefill")):
+        monkeypatch.setattr(aot, "device_arch", lambda arch=arch: arch)
+        emulated_kernels.clear()
+        ys = trellis_matmul_group(x40, same, backend="gpu")
+        assert [c[0].split("+")[0] for c in emulated_kernels] == [kind, kind]
+        ref = linear_reference(x40, same[0].trellis, same[0].suh, same[0].svh, "mcg")
+        assert all(float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)) < 1e-3 for y in ys)
+        emulated_kernels.clear()
+        trellis_matmul_group(x28, same, backend="gpu")
+        assert [c[0] for c in emulated_kernels] == ["group"]
 
 
 def test_models_project_their_shared_inputs_as_groups(rng, emulated_kernels, monkeypatch):
@@ -999,7 +1034,6 @@ def test_compile_only_tiles_kernels(arch):
 
 @needs_cutlass
 def test_compile_only_wgmma_kernels(tmp_path):
-    from exl3_jax.ffi import aot
     # The warpgroup-MMA plan (forced, sm_90a only): every token tile (32 .. 256), one and two
     # token tiles, packed pairs of every codebook, a half-integer rate. Then its SASS: wgmma
     # reads A registers and writes the accumulators after issue, so a compiled schedule that
@@ -1012,9 +1046,11 @@ def test_compile_only_wgmma_kernels(tmp_path):
              ("mcg", 4, 1024, "wgmma:128,2,1,0", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2"),
              ("mul1", 4, 200, "wgmma:256,2,1,1", 512, 256),        # fused, padded rows
              ("mcg", 3, 16, "wgmma", 1024, 512),                     # m_tile 32
-             # weight rings of 3 and 6 chunk slots per warp
+             # weight rings of 3 and 6 chunk slots per warp; 2 wgmmas in flight
              ("mcg", 4, 128, "wgmma:128,2,1,0,3", 2048, 512),
-             ("mul1", 3.5, 64, "wgmma:64,2,2,0,6", 1024, 768)]
+             ("mul1", 3.5, 64, "wgmma:64,2,2,0,6", 1024, 768),
+             ("mcg", 4, 128, "wgmma:128,2,1,1,4,2", 2048, 1024),
+             ("mul1", 3, 40, "wgmma:64,2,2,0,3,2", 1024, 768)]
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for case, row in zip(cases, rows):
@@ -1029,13 +1065,22 @@ def test_compile_only_wgmma_kernels(tmp_path):
                                  for p in sorted(tmp_path.glob("*.cubin")))
                if any("HGMMA" in ins for _, ins in code)]
     assert len(kernels) == len(cases)
+    depths = sorted(aot.resolve_plan(c[2], *(c[4:6] if len(c) > 4 else (256, 256)),
+                                     c[3]).wgmma_depth or 1 for c in cases)
+    seen = []
     for code in kernels:
         hgmma = [ins for _, ins in code if "HGMMA" in ins]
         assert len(hgmma) >= 4 and all(", R" in ins.split("gdesc")[0] for ins in hgmma)
+        # the loop's waits leave wgmma_depth in flight (ptxas kept the depth, no serialising)
+        waits = {int(ins.split(",")[-1], 16) for _, ins in code
+                 if "WARPGROUP.DEPBAR.LE" in ins} - {0}
+        assert len(waits) == 1, waits
+        seen += waits
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
         assert helpers_sass.unwaited_async_copies(code) == []
         assert not [ins for _, ins in code if ins.startswith(("STL", "LDL"))]    # no spills
+    assert sorted(seen) == depths
 
 
 LOCAL_MEMORY_PTX = """.version 8.0

@@ -10,11 +10,11 @@ Plan kinds:
   * "tiles" (forced only: slower than prefill and wgmma on the H200, session 20; the sm_120a
     path for 32 < m once measured there): the large-token-tile MMA kernel
     (ffi/trellis_tiles.py): each weight tile decoded once per 64 or 128 tokens.
-  * "wgmma" (Hopper only; forced only, see wgmma_plan): the same decode-once-per-token-tile
+  * "wgmma" (Hopper, WGMMA_MIN_M <= m <= WGMMA_MAX_M): the same decode-once-per-token-tile
     scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 32-256.
-  * "prefill" (m > DECODE_MAX_M): the dequantize kernel writes W_hat^T (fp16) and XLA runs the
-    GEMM. At m >= 1024 it beat the token-tile kernels on the H200 (0.7x bf16 against
-    0.4-0.5x; bench/NOTES.md, session 20).
+  * "prefill" (m > DECODE_MAX_M, and m > WGMMA_MAX_M on Hopper): the dequantize kernel writes
+    W_hat^T (fp16) and XLA runs the GEMM. At m >= 1024 it beat the token-tile kernels on the
+    H200 (0.7x bf16 against 0.4-0.5x; bench/NOTES.md, session 20).
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ MIN_CTAS = 256             # decode plan: smallest grid worth splitting K for, o
 MAX_SPLITS = 16
 PLAN_KINDS = ("decode", "prefill", "tiles", "wgmma")
 TILES_MAX_SPLITS = 16
+# Auto takes the wgmma plan on Hopper for these m (H200, bench/NOTES.md session 20, K4 mcg and
+# mul1): at m = 32 it ran 24-35% under the decode plan, whose m_tile of 32 costs the same from
+# m = 25 (m = 16: decode 31.5 vs 36.0 us, so decode keeps m <= 24); at m = 64 and 128 it tied
+# or beat the prefill plan by up to 16%; at m = 1024 prefill was 1.5x faster.
+WGMMA_MIN_M, WGMMA_MAX_M = 25, 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +50,11 @@ class TrellisPlan:
     dq_warps: int = 0
     dq_k_tiles: int = 0
     # wgmma: with one K-split, the output transform in the kernel's epilogue (fused_out); the
-    # chunk slots of each warp's weight ring (trellis_wgmma.WgmmaGemmConfig.weight_ring; 0: the
-    # kernel's default)
+    # chunk slots of each warp's weight ring and the wgmmas each warpgroup keeps in flight
+    # (trellis_wgmma.WgmmaGemmConfig.weight_ring, .wgmma_depth; 0: the kernel's default)
     fused_out: bool = False
     weight_ring: int = 0
+    wgmma_depth: int = 0
 
 
 def _divisors(x: int) -> list[int]:
@@ -137,18 +143,16 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
     the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
-    Only used when forced. On the H200 (bench/NOTES.md, session 20) it beat the decode plan at
-    m = 32 by 24-35% (whose m_tile 32 costs the same from m = 25) and the prefill plan at m = 64
-    and 128 by 0-16%; auto does not take it until its ring-only form has run on the hardware
-    and the 2-device emulated TP test stops hanging with it. ``tiling``: (m_tile, warpgroups,
-    splits[, fused_out[, weight_ring]]) instead (a tuning aid; fused_out defaults to splits
-    == 1 with two warpgroups)."""
+    Auto takes it on Hopper for WGMMA_MIN_M <= m <= WGMMA_MAX_M. ``tiling``: (m_tile, warpgroups,
+    splits[, fused_out[, weight_ring[, wgmma_depth]]]) instead (a tuning aid; fused_out
+    defaults to splits == 1 with two warpgroups)."""
     k16, n16 = k // 16, n // 16
     if tiling:
         m_tile, warpgroups, splits, *rest = tiling
         fused = bool(rest[0]) if rest else splits == 1 and warpgroups == 2
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
-                           fused_out=fused, weight_ring=rest[1] if len(rest) > 1 else 0)
+                           fused_out=fused, weight_ring=rest[1] if len(rest) > 1 else 0,
+                           wgmma_depth=rest[2] if len(rest) > 2 else 0)
     m_tile = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256
     splits = _token_tile_splits(m, k16, n16, m_tile, 4, sms)
     return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits,
@@ -165,24 +169,33 @@ def tiled_plan(kind: str, m: int, k: int, n: int, tiling: str) -> TrellisPlan:
     return makers[kind](m, k, n, tiling=tuple(int(v) for v in tiling.split(",")))
 
 
-def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS) -> str:
-    """``force`` if given (checked against ``kinds``), else "decode" for m <= DECODE_MAX_M rows
-    and "prefill" above; shared by the dense and the MoE plans (which have no "tiles")."""
-    kind = force or ("decode" if m <= DECODE_MAX_M else "prefill")
+def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS, *,
+              hopper: bool = False) -> str:
+    """``force`` if given (checked against ``kinds``), else "wgmma" for WGMMA_MIN_M <= m <=
+    WGMMA_MAX_M rows on Hopper (``hopper``), "decode" for m <= DECODE_MAX_M and "prefill"
+    above; shared by the dense and the MoE plans (which have neither "tiles" nor "wgmma" and
+    pass no ``hopper``)."""
+    if force:
+        kind = force
+    elif hopper and WGMMA_MIN_M <= m <= WGMMA_MAX_M:
+        kind = "wgmma"
+    else:
+        kind = "decode" if m <= DECODE_MAX_M else "prefill"
     if kind not in kinds:
         raise ValueError(f"unknown plan kind {kind!r}; expected one of {kinds}")
     return kind
 
 
 def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
-                force: str | None = None) -> TrellisPlan:
-    """The plan for an [m, k] @ [k, n] Trellis GEMM. ``force`` picks a kind ("decode" only
-    valid for m <= 32)."""
+                force: str | None = None, hopper: bool = False) -> TrellisPlan:
+    """The plan for an [m, k] @ [k, n] Trellis GEMM on a device of ``sms`` SMs, Hopper
+    (sm_90a) or not (``hopper``: auto may pick wgmma). ``force`` picks a kind ("decode" only
+    valid for m <= 32; "wgmma" only on Hopper)."""
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
     if k % 128 or n % 128:
         raise ValueError(f"k={k}, n={n} must be multiples of 128")
-    kind = plan_kind(m, force)
+    kind = plan_kind(m, force, hopper=hopper)
     if kind == "decode":
         return decode_plan(m, k, n, sms=sms)
     if kind == "tiles":

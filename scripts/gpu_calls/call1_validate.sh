@@ -7,7 +7,7 @@
 # and their GEMM rows at m = 33, 128, 1000; then the dense and MoE validations at
 # production-like sizes (k 2048, n 1024; the MoE's Qwen3 geometry); memcheck of wgmma.
 CALL=call1
-timeout 180 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 33,128,1000 --kinds tiles,wgmma,wgmma_ring3,wgmma_fused --budget-s 120 --out $RES/1_validate_tiles.json > $RES/1_validate_tiles.log 2>&1
+timeout 180 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 33,128,1000 --kinds tiles,wgmma,wgmma_tight,wgmma_fused --budget-s 120 --out $RES/1_validate_tiles.json > $RES/1_validate_tiles.log 2>&1
 t "validate token tiles rc=$?"; grep SUMMARY $RES/1_validate_tiles.log | cut -c1-400; grep -i "FAIL\|Traceback\|first_bad\|layout" $RES/1_validate_tiles.log | head -8 | cut -c1-300; save
 timeout 150 python3 scripts/gpu_validate.py --quick --group --no-bench --sections decode_exact,gemm,group,row_linear --m 1,16,1000 --kinds decode,prefill --budget-s 110 --out $RES/1_validate.json > $RES/1_validate.log 2>&1
 t "validate rc=$?"; grep SUMMARY $RES/1_validate.log | cut -c1-400; grep -i "FAIL\|Traceback\|first_bad" $RES/1_validate.log | head -8 | cut -c1-300; save
