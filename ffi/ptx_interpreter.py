@@ -1378,10 +1378,11 @@ def _mma(b, ins, mask, active):
         b.write(d_ops[i], full, mask)
 
 
-def _wgmma_b_offsets(desc: int, n: int) -> np.ndarray:
-    """Shared byte offsets of B[n, k] (n x 16 fp16, K-major) read through a wgmma matrix
-    descriptor with the 128-byte swizzle (PTX ISA, "Matrix Descriptor Format" and the
-    canonical K-major layouts). Only the layouts the kernels build are accepted."""
+def _wgmma_offsets(desc: int, n: int) -> np.ndarray:
+    """Shared byte offsets of an operand [n, k] (n x 16 fp16, K-major: B with n its N, or A with
+    n = 64) read through a wgmma matrix descriptor with the 128-byte swizzle (PTX ISA, "Matrix
+    Descriptor Format" and the canonical K-major layouts). Only the layouts the kernels build
+    are accepted."""
     start = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
@@ -1427,9 +1428,11 @@ def _wgmma(b, ins, mask, active):
     if not m or ins.parts[5:] != ["f32", "f16", "f16"]:
         raise PtxUnsupported(ins.op)
     n = int(m.group(1))
-    d_ops, a_ops = ins.args[0][1], ins.args[1][1]
+    # A from registers (a vector of 4: "RS") or through a descriptor like B ("SS")
+    a_smem = ins.args[1][0] != "vec"
+    d_ops, a_ops = ins.args[0][1], (None if a_smem else ins.args[1][1])
     desc_op, scale_d_op = ins.args[2], ins.args[3]
-    if [a[1] for a in ins.args[4:]] != [1, 1, 0]:
+    if [a[1] for a in ins.args[4:]] != ([1, 1, 0, 0] if a_smem else [1, 1, 0]):
         raise PtxUnsupported(f"wgmma scale/transpose immediates: {ins.text}")
     warps = b.full_warps(mask, "wgmma.mma_async")
     groups = np.unique(wg_of[warps * 32])
@@ -1437,7 +1440,8 @@ def _wgmma(b, ins, mask, active):
         lanes = np.nonzero(wg_of == wg)[0]
         if len(lanes) != 128 or not mask[lanes].all():
             raise PtxError("wgmma.mma_async issued by part of a warpgroup")
-        regs = set(_operand_regs(ins.args[0])) | set(_operand_regs(ins.args[1]))
+        regs = set(_operand_regs(ins.args[0])) | (set() if a_smem else
+                                                  set(_operand_regs(ins.args[1])))
         dirty = b.fence_dirty[wg] & regs
         if dirty:
             raise PtxError(f"register {sorted(dirty)[0]} written since the last wgmma.fence "
@@ -1445,11 +1449,17 @@ def _wgmma(b, ins, mask, active):
         descs = b.read(desc_op, "b64")[lanes]
         if (descs != descs[0]).any():
             raise PtxError("wgmma descriptor differs across the warpgroup")
-        offs = _wgmma_b_offsets(int(descs[0]), n)
+        offs = _wgmma_offsets(int(descs[0]), n)
+        if a_smem:
+            a_descs = b.read(ins.args[1], "b64")[lanes]
+            if (a_descs != a_descs[0]).any():
+                raise PtxError("wgmma A descriptor differs across the warpgroup")
+            a_offs = _wgmma_offsets(int(a_descs[0]), 64)
         cta = int(b.cta[lanes[0]])
-        if offs.min() < 0 or offs.max() + 2 > b.smem_size:
+        read = np.concatenate([offs.ravel()] + ([a_offs.ravel()] if a_smem else []))
+        if read.min() < 0 or read.max() + 2 > b.smem_size:
             raise PtxError(f"wgmma reads shared memory out of bounds: {ins.text}")
-        idx = (offs[..., None] + np.arange(2)).reshape(-1)
+        idx = (read[:, None] + np.arange(2)).reshape(-1)
         if b.check_races:
             if (b.unfenced[cta, idx] > 0).any():
                 raise PtxError("wgmma reads shared bytes written without a fence.proxy.async: "
@@ -1467,15 +1477,18 @@ def _wgmma(b, ins, mask, active):
             b.reader[cta, idx] = np.where(rd == -1, int(warps_here[0]), -2)
         Bm = b.smem[cta][offs.ravel()[:, None] + np.arange(2)].reshape(n, 16, 2)
         Bm = np.ascontiguousarray(Bm).view(np.float16).reshape(n, 16).astype(np.float64)
-        # A: warp w of the group holds rows 16w.. in mma.sync's A layout
-        ar = np.stack([b.read(o, "b32")[lanes].reshape(4, 32) for o in a_ops], -1)
         g, t = np.arange(32) // 4, np.arange(32) % 4
-        A = np.zeros((4, 16, 16))
-        for i, (row, col) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8),
-                                        (g + 8, 2 * t + 8)]):
-            lo, hi = _halves(ar[..., i])
-            A[:, row, col] = lo
-            A[:, row, col + 1] = hi
+        if a_smem:           # A [64, 16] from shared memory; warp w's rows are 16w..16w+15
+            A = b.smem[cta][a_offs.ravel()[:, None] + np.arange(2)].reshape(64, 16, 2)
+            A = np.ascontiguousarray(A).view(np.float16).reshape(4, 16, 16).astype(np.float64)
+        else:                # A: warp w of the group holds rows 16w.. in mma.sync's A layout
+            ar = np.stack([b.read(o, "b32")[lanes].reshape(4, 32) for o in a_ops], -1)
+            A = np.zeros((4, 16, 16))
+            for i, (row, col) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8),
+                                            (g + 8, 2 * t + 8)]):
+                lo, hi = _halves(ar[..., i])
+                A[:, row, col] = lo
+                A[:, row, col + 1] = hi
         scale_d = b.read(scale_d_op, "pred")[lanes] if scale_d_op[0] != "imm" else \
             np.full(128, bool(scale_d_op[1]))
         if (scale_d != scale_d[0]).any():
@@ -1496,6 +1509,7 @@ def _wgmma(b, ins, mask, active):
             full[lanes] = D[:, row, col].ravel().view(np.uint32)
             np.copyto(b.reg(d_ops[i][1]), full)
         b.wgmma_inflight.append(_Wgmma(lanes, b.wgmma_open[wg],
+                                       frozenset() if a_smem else
                                        frozenset(_operand_regs(ins.args[1])),
                                        frozenset(_operand_regs(ins.args[0])),
                                        np.full(len(idx), cta), idx))

@@ -32,13 +32,22 @@ fence.proxy.async and one barrier.
 
 Options: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
 block) applies the output transform in the epilogue and writes y instead of partials;
-``wgmma_depth`` D (default 1) is how many wgmmas a warpgroup leaves in flight.
+``wgmma_depth`` D (default 1) is how many wgmmas a warpgroup leaves in flight; ``a_smem``: A
+from shared memory too (below).
 
 Per k16 step a warp: reads its tile's words from its ring slot and decodes them (overlapping the
 warpgroup's D wgmmas in flight), wgmma.fence, one wgmma m64n{m_tile}k16 (A: its 4 registers; B:
 the stage's descriptor advanced by 32 bytes per step), commit, wait_group D. The wait names the
 A registers of the wgmma D steps back as inputs, so they stay allocated until it has read them;
 the final wait_group 0 ties the accumulators before the epilogue reads them.
+
+With ``a_smem`` the decode runs one chunk ahead of the tensor core instead of one step: each warp
+decodes chunk c + 1's 4 tiles into its warpgroup's A stage (c + 1) % A_STAGES (64 weight columns
+x 64 k, the same K-major 128-byte-swizzle layout as the activations, one 4-byte store per f16x2
+pair: conflict-free) while the warpgroup's 4 wgmmas of chunk c (A and B both by descriptor, one
+commit group) run; before the stores, wait_group 1 retires chunk c - 1's group, the last reader
+of that stage. No A registers stay allocated across a wgmma, and the 4 wgmmas of a chunk issue
+back to back.
 
 Layout contract (flat, sizes static):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, row-major, zero padded rows (the input
@@ -83,6 +92,8 @@ MAX_WGMMA_DEPTH = 2
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
 M_TILES = (32, 64, 128, 256)           # wgmma N values used (accumulators: m_tile / 2 per lane)
+A_STAGES = 2                           # a_smem: decoded chunks per warpgroup (c + 1 while c runs)
+A_STAGE_BYTES = 64 * ROW_BYTES         # a_smem: a warpgroup's 64 weight columns x 64 k
 # Matrix descriptor (PTX ISA, "Matrix Descriptor Format"), high word: stride byte offset 1024 >> 4
 # in bits 32..45, swizzle mode 1 (128-byte) in bits 62..63; low word: leading byte offset 1 (not
 # used by swizzled K-major layouts) in bits 16..29 and the start address >> 4 in bits 0..13.
@@ -109,6 +120,8 @@ class WgmmaGemmConfig(TokenTiles):
     # wgmmas in flight per warpgroup after each step's commit (wait_group depth): each keeps
     # its 4 A registers allocated until retired.
     wgmma_depth: int = WGMMA_DEPTH
+    # A from shared memory: each chunk decoded one chunk ahead into an A stage (module docstring)
+    a_smem: bool = False
     # One K-split: the epilogue applies the output transform (Hadamard-128 over the CTA's 128
     # columns through shared memory, * SCALE * svh * row scale + bias, as
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
@@ -128,9 +141,15 @@ class WgmmaGemmConfig(TokenTiles):
         """The stage ring and the warps' weight rings after it, or (fused_out) the epilogue's
         fp32 tile if larger (the same buffer: the epilogue starts once every wgmma has retired
         and every copy has landed)."""
-        ring = self.stages * self.stage_words + 4 * self.warpgroups * self.weight_ring \
-            * self.slot_words
+        ring = self.stages * self.stage_words + self.a_stage_words \
+            + 4 * self.warpgroups * self.weight_ring * self.slot_words
         return max(ring, self.m_tile * EPILOGUE_ROW_WORDS) if self.fused_out else ring
+
+    @property
+    def a_stage_words(self) -> int:
+        """a_smem: the A stages of every warpgroup (after the activation stages, 1024-byte
+        aligned since a stage is m_tile 128-byte rows)."""
+        return A_STAGES * self.warpgroups * A_STAGE_BYTES // 4 if self.a_smem else 0
 
     @property
     def cta_n16(self) -> int:
@@ -155,6 +174,9 @@ class WgmmaGemmConfig(TokenTiles):
             raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
         if not 1 <= self.wgmma_depth <= MAX_WGMMA_DEPTH:
             raise ValueError(f"wgmma_depth {self.wgmma_depth} must be 1..{MAX_WGMMA_DEPTH}")
+        if self.a_smem and self.wgmma_depth != 1:
+            raise ValueError("wgmma_depth counts register-A wgmmas; with a_smem a chunk's "
+                             "group is in flight while the next chunk decodes")
         if self.weight_ring < MIN_WEIGHT_RING:
             raise ValueError(f"weight_ring {self.weight_ring} must be at least "
                              f"{MIN_WEIGHT_RING} chunk slots")
@@ -252,6 +274,35 @@ def wgmma_rs(acc, a, desc_lo, *, loc=None, ip=None) -> list:
 
 
 @dsl_user_op
+def wgmma_ss(acc, a_desc_lo, b_desc_lo, *, loc=None, ip=None) -> list:
+    """acc += A (64 x 16 from the K-major 128-byte-swizzled descriptor a_desc_lo) @ B (16 x N,
+    likewise b_desc_lo), N = 2 * len(acc), fp32 accumulators (asynchronous, as wgmma_rs)."""
+    n_acc = len(acc)
+    d = ", ".join(f"${i}" for i in range(n_acc))
+    ai = 2 * n_acc                     # operands: outputs, the tied accumulators, then these
+    body = ("{\n .reg .pred p;\n .reg .b64 da, db;\n .reg .b32 hi;\n"
+            f" setp.ne.b32 p, ${ai + 2}, 0;\n"
+            f" mov.b32 hi, {DESC_HI};\n"
+            f" mov.b64 da, {{${ai}, hi}};\n"
+            f" mov.b64 db, {{${ai + 1}, hi}};\n"
+            f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
+            "da, db, p, 1, 1, 0, 0;\n}")
+    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+                + [Uint32(a_desc_lo).ir_value(loc=loc, ip=ip),
+                   Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
+    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 3)
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
+                          constraints + ",~{memory}", has_side_effects=True,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+
+
+def wgmma_wait(pending: int):
+    """wait_group ``pending`` (a_smem: no A registers to keep alive)."""
+    inline_ptx(f"wgmma.wait_group.sync.aligned {pending};")
+
+
+@dsl_user_op
 def wgmma_wait_a(pending: int, a, *, loc=None, ip=None) -> None:
     """wait_group ``pending``; the A registers ``a`` (of the wgmma this wait retires) are inputs,
     so they stay allocated until here."""
@@ -338,6 +389,29 @@ def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
             a_prev[last + i] = a[i]
 
 
+def a_stage_word(row, kk, hi, lane):
+    """Word, within an A stage, of the f16x2 pair at weight column ``row`` (0..63) and k
+    2 (lane % 4) + 8 hi (+1) of step kk (the A fragment register with that row and k): row-major
+    128-byte rows, 16-byte segment 2 kk + hi swizzled by row % 8. Plain integer arithmetic."""
+    return row * (ROW_BYTES // 4) + ((2 * kk + hi) ^ (row % 8)) * 4 + lane % 4
+
+
+# The A fragment register i of a lane: (row offset within its 16, hi): rows lane // 4 (+8),
+# k 2 (lane % 4) (+8) (mma.sync m16n8k16's A layout, which wgmma's register A shares).
+A_FRAGMENT_SLOTS = ((0, 0), (8, 0), (0, 1), (8, 1))
+
+
+def _decode_chunk_to_stage(smem, stage_word, step_words, warp, lane, funnels, geo, cfg):
+    """a_smem: the warp's K_CHUNK tiles (words: ``step_words(kk)``) decoded and stored into
+    its rows (16 (warp % 4) ..) of the A stage at word stage_word."""
+    row0 = 16 * (warp % 4) + lane // 4
+    for kk in range(K_CHUNK):
+        h = decode_words(step_words(kk), funnels, geo, cfg.codebook)
+        a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+        for i, (dr, hi) in enumerate(A_FRAGMENT_SLOTS):
+            smem[stage_word + a_stage_word(row0 + dr, kk, hi, lane)] = a[i]
+
+
 def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
     """The output transform of the CTA's 128 columns x m_tile tokens (fused_out): D fragments
     to shared memory as fp32 rows, then per token row (warp w: rows w, w + 8, ..) the lane's
@@ -384,7 +458,8 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     last = cfg.chunks - 1
     lead = cfg.weight_ring - 1
     slot_bytes = cfg.slot_words * 4
-    ring_word = cfg.stages * cfg.stage_words + warp * cfg.weight_ring * cfg.slot_words
+    ring_word = cfg.stages * cfg.stage_words + cfg.a_stage_words \
+        + warp * cfg.weight_ring * cfg.slot_words
     ring_address = base + ring_word * 4                # this warp's weight ring
 
     # In flight before the loop: weights of chunks 0 .. R - 2 with chunk 0's activations (one
@@ -399,18 +474,55 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     cp_async_wait(1)
     proxy_fence_shared()
     cute.arch.sync_threads()
-    for c in cutlass.range(cfg.chunks):
-        _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
-                            ring_address + ((c + lead) % cfg.weight_ring) * slot_bytes, lane,
-                            geo, cfg)
-        _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
-                          base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
-        slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
-        _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
-                   desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4), funnels, geo, cfg)
-        cp_async_wait(1)                              # chunk c + 1 has landed
+    if cutlass.const_expr(cfg.a_smem):
+        # A from shared memory (module docstring): chunk 0 decoded before the loop, then per
+        # chunk c its 4 wgmmas as one group, the copies, the decode of chunk c + 1 into the
+        # other A stage once chunk c - 1's group retired, and one barrier.
+        a_word0 = cfg.stages * cfg.stage_words + (warp // 4) * A_STAGES * A_STAGE_BYTES // 4
+        a_desc0 = descriptor_lo(base + a_word0 * 4)  # this warpgroup's A stage 0, step 0
+        _decode_chunk_to_stage(smem, a_word0, _ring_weight_words(smem, ring_word, funnels, geo),
+                               warp, lane, funnels, geo, cfg)
         proxy_fence_shared()
         cute.arch.sync_threads()
+        for c in cutlass.range(cfg.chunks):
+            wgmma_fence()
+            a_desc = a_desc0 + (c % A_STAGES) * (A_STAGE_BYTES >> 4)
+            b_desc = desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4)
+            for kk in cutlass.range_constexpr(K_CHUNK):
+                d = wgmma_ss([acc[i] for i in range(cfg.acc_regs)], a_desc + 2 * kk,
+                             b_desc + 2 * kk)
+                for i in cutlass.range_constexpr(cfg.acc_regs):
+                    acc[i] = d[i]
+            wgmma_commit()
+            _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
+                                ring_address + ((c + lead) % cfg.weight_ring) * slot_bytes,
+                                lane, geo, cfg)
+            _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
+                              base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
+            cp_async_wait(1)                          # chunk c + 1 has landed
+            inline_ptx("bar.warp.sync -1;")           # the warp's ring copies, lane to lane
+            wgmma_wait(1)                             # chunk c - 1's group: its stage is free
+            if c < last:
+                slot_word = ring_word + ((c + 1) % cfg.weight_ring) * cfg.slot_words
+                _decode_chunk_to_stage(
+                    smem, a_word0 + ((c + 1) % A_STAGES) * (A_STAGE_BYTES // 4),
+                    _ring_weight_words(smem, slot_word, funnels, geo), warp, lane, funnels,
+                    geo, cfg)
+            proxy_fence_shared()
+            cute.arch.sync_threads()
+    else:
+        for c in cutlass.range(cfg.chunks):
+            _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
+                                ring_address + ((c + lead) % cfg.weight_ring) * slot_bytes,
+                                lane, geo, cfg)
+            _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
+                              base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
+            slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
+            _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
+                       desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4), funnels, geo, cfg)
+            cp_async_wait(1)                          # chunk c + 1 has landed
+            proxy_fence_shared()
+            cute.arch.sync_threads()
     # The last copies must land before the epilogue reuses the buffer (fused_out) and before
     # the CTA exits.
     cp_async_wait(0)
@@ -435,7 +547,8 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES", "MAX_WGMMA_DEPTH",
+__all__ = ["A_FRAGMENT_SLOTS", "A_STAGES", "ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES",
+           "MAX_WGMMA_DEPTH", "a_stage_word",
            "MIN_WEIGHT_RING", "WEIGHT_RING", "WGMMA_DEPTH", "WgmmaGemmConfig",
            "d_fragment_position", "descriptor_lo", "weight_piece",
            "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

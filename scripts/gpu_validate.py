@@ -104,8 +104,8 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
     in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
     plan: split pairs for 3inst / mcg, whose MMA sums each weight's two fp16 halves in fp32, so
-    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma)
-    on all k one-hot rows at once (m = k), so the config costs one XLA compile. A mismatch
+    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma,
+    with A from registers and from shared memory) on all k one-hot rows at once (m = k), so the config costs one XLA compile. A mismatch
     records its first few (row, column, got, want): a permuted fragment or stage layout shows
     as a pattern there."""
     from exl3_jax.ffi.aot import device_arch
@@ -114,8 +114,9 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     dq_plan = select_plan(4096, k, n, force="prefill")
     plans = {32: select_plan(32, k, n, force="decode"), 1: select_plan(1, k, n, force="decode")}
     cfgs = {m: tg._mma_config(w, plan) for m, plan in plans.items()}
-    tile_plans = {kind: select_plan(k, k, n, force=kind)
-                  for kind in (("tiles", "wgmma") if device_arch() == "sm_90a" else ("tiles",))
+    tile_plans = {kind: forced_plan(k, k, n, kind)
+                  for kind in (("tiles", "wgmma", "wgmma_smem") if device_arch() == "sm_90a"
+                               else ("tiles",))
                   if kinds is None or kind in kinds}
 
     @jax.jit
@@ -168,12 +169,19 @@ def forced_plan(m, k, n, kind):
     weight ring (MIN_WEIGHT_RING chunk slots per warp) and the most wgmmas in flight
     (MAX_WGMMA_DEPTH), with one K-split and no fused epilogue, so each CTA's chunks wrap around
     the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
-    K-split and the output transform in its epilogue."""
+    K-split and the output transform in its epilogue; "wgmma_smem": A from shared memory (each
+    chunk decoded one chunk ahead), the smallest ring, two K-splits where whole chunks allow."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MAX_WGMMA_DEPTH, MIN_WEIGHT_RING
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=False, weight_ring=MIN_WEIGHT_RING,
                                    wgmma_depth=MAX_WGMMA_DEPTH)
+    if kind == "wgmma_smem":
+        from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
+        splits = 2 if (k // 16) % 8 == 0 else 1
+        return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=splits,
+                                   fused_out=splits == 1, weight_ring=MIN_WEIGHT_RING,
+                                   a_smem=True)
     if kind == "wgmma_fused":
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
@@ -188,14 +196,15 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
     # every m through the prefill plan, m <= 32 through the decode plan and m > 32 through the
     # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
     # ffi/trellis_wgmma.py)
-    # (on Hopper the wgmma plan at every m, and for m > 32 its smallest weight ring and its
-    # fused output transform: "wgmma_tight", "wgmma_fused"; the poisoned path checks the
-    # partials)
+    # (on Hopper the wgmma plan at every m, and for m > 32 its smallest weight ring with two
+    # wgmmas in flight, its fused output transform and its A from shared memory: "wgmma_tight",
+    # "wgmma_fused", "wgmma_smem"; the poisoned path checks the partials)
     from exl3_jax.ffi.aot import device_arch
     hopper = device_arch() == "sm_90a"
     cases = [(m, kind) for m in ms
              for kind in (("decode", "prefill") + (("wgmma",) if hopper else ()) if m <= 32 else
-                          ("tiles", "prefill") + (("wgmma", "wgmma_tight", "wgmma_fused")
+                          ("tiles", "prefill") + (("wgmma", "wgmma_tight", "wgmma_fused",
+                                                   "wgmma_smem")
                                                   if hopper else ()))
              if kinds is None or kind in kinds]
     plans = [forced_plan(m, k, n, kind) for m, kind in cases]
@@ -595,7 +604,8 @@ def run_memcheck(kind: str) -> int:
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
     runs = {"decode": [(5, "decode"), (1, "decode")], "prefill": [(40, "prefill")],
             "tiles": [(200, "tiles")],
-            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
+            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused"),
+                      (200, "wgmma_smem")]}[kind]
     for m, variant in runs:
         plan = forced_plan(m, k, n, variant)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
@@ -673,8 +683,8 @@ def main(argv=None) -> int:
                         "and test shapes)")
     p.add_argument("--kinds", default=None,
                    help="plan kinds of the gemm section and of decode_exact's token-tile "
-                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_tight,wgmma_fused "
-                        "(default: every kind the device runs)")
+                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_tight,wgmma_fused,"
+                        "wgmma_smem (default: every kind the device runs)")
     p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "wgmma", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")

@@ -77,10 +77,12 @@ def unrolled(instrs: list[tuple[str, str]], passes: int = 3) -> list[str]:
 
 
 def _hgmma_regs(ins: str) -> tuple[set[int], set[int]]:
-    """(accumulator registers, A registers) of an HGMMA with A from registers."""
-    m = re.search(r"HGMMA\.64x(\d+)x16\S* R(\d+), R(\d+),", ins)
-    n, d, a = (int(v) for v in m.groups())
-    return set(range(d, d + n // 2)), set(range(a, a + 4))
+    """(accumulator registers, A registers) of an HGMMA (no A registers when A comes from
+    shared memory: "HGMMA.64xNx16.F32 R24, gdesc[..]")."""
+    m = re.search(r"HGMMA\.64x(\d+)x16\S* R(\d+), (?:R(\d+),|gdesc)", ins)
+    n, d = int(m.group(1)), int(m.group(2))
+    a = set(range(int(m.group(3)), int(m.group(3)) + 4)) if m.group(3) else set()
+    return set(range(d, d + n // 2)), a
 
 
 def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:

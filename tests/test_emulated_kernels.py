@@ -76,12 +76,13 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
     assert not [name for name, s in sections.items() if "error" in s]
     exact = sections["decode_exact"]["result"]
     assert len(exact) == 8
-    for row in exact:                  # dequantize, decode (32 rows and m = 1), tiles, wgmma
+    for row in exact:      # dequantize, decode (32 rows and m = 1), tiles, wgmma (A: regs, smem)
         assert row["dequant_bit_exact"] and row["mma_bit_exact"], row
         assert row["token_tiles_bit_exact"] and row["wgmma_mismatches"] == 0, row
+        assert row["wgmma_smem_mismatches"] == 0, row
     gemm = sections["gemm"]["result"]
     kinds = {r["plan"] for r in gemm}
-    assert {"decode", "prefill", "tiles", "wgmma", "wgmma_tight"} <= kinds, kinds
+    assert {"decode", "prefill", "tiles", "wgmma", "wgmma_tight", "wgmma_smem"} <= kinds, kinds
     assert [r for r in gemm if not r["ok"]] == []
     for name in ("group", "row_linear", "dispatch", "row_scale"):
         rows = sections[name]["result"]
@@ -168,16 +169,26 @@ print(np.asarray(jax.jit(lambda x: tm.moe_gpu(x, ids, w, w13, down))(x)).shape)
 BUGS = {
     "wgmma-without-stage-barrier": (
         "trellis_wgmma.py",
-        "        cp_async_wait(1)                              # chunk c + 1 has landed\n"
-        "        proxy_fence_shared()\n        cute.arch.sync_threads()\n",
-        "        cp_async_wait(1)                              # chunk c + 1 has landed\n"
-        "        proxy_fence_shared()\n",
+        "            cp_async_wait(1)                          # chunk c + 1 has landed\n"
+        "            proxy_fence_shared()\n            cute.arch.sync_threads()\n",
+        "            cp_async_wait(1)                          # chunk c + 1 has landed\n"
+        "            proxy_fence_shared()\n",
         DISPATCH.replace("from exl3_jax.ffi import trellis_gemm as tg",
                          "import ffi.trellis_gemm as tg"),
         # one K-split (4 chunks of 64 k), the partials epilogue
         dict(EXL3_JAX_WGMMA="128,2,1,0"),
         ["1", json.dumps([("mcg", 4, 256, 256, 100, "wgmma")])],
         "wgmma reads bytes written since the CTA's last barrier"),
+    "wgmma-a-stage-stored-under-a-running-wgmma": (
+        "trellis_wgmma.py",
+        "            wgmma_wait(1)                             # chunk c - 1's group: its stage is "
+        "free\n", "",
+        DISPATCH.replace("from exl3_jax.ffi import trellis_gemm as tg",
+                         "import ffi.trellis_gemm as tg"),
+        # A from shared memory, two K-splits of 8 chunks: the A stages alternate 4 times
+        dict(EXL3_JAX_WGMMA="64,2,2,0,4,1,1"),
+        ["1", json.dumps([("mcg", 3, 1024, 256, 50, "wgmma")])],
+        "shared bytes overwritten while a wgmma reads them"),
     "moe-combine-without-pdl-wait": (
         "trellis_moe.py",
         "    cute.arch.griddepcontrol_wait()            # FC2's partials, activation's row scales\n",

@@ -392,6 +392,55 @@ def test_wgmma_hazards_are_caught(rng, change, message):
         _run_wgmma(rng, **change)
 
 
+# wgmma m64n8k16 with A from shared memory too ("SS"): B staged as above at smem + 0, A (64 rows
+# x 64 fp16, the same 128-byte swizzle) at smem + 1024 by all 128 threads, 4 units each.
+WGMMA_SS = (WGMMA.replace("BARRIER", "STAGE_A\nBARRIER")
+            .replace("ld.global.v4.u32 {%r20, %r21, %r22, %r23}, [%rd7];\n", "")
+            .replace("setp.ne.b32 %p2, 0, 0;\n", """add.u32 %r41, %r2, 1024;
+shr.u32 %r41, %r41, 4;
+cvt.u64.u32 %rd11, %r41;
+or.b64 %rd12, %rd11, 0x4000004000010000;
+setp.ne.b32 %p2, 0, 0;
+""").replace("{%r20, %r21, %r22, %r23}, %rd9, %p2, 1, 1, 0;", "%rd12, %rd9, %p2, 1, 1, 0, 0;"))
+_STAGE_A_UNIT = """
+add.u32 %r50, %r1, {offset};
+mul.wide.u32 %rd20, %r50, 16;
+add.s64 %rd21, %rd2, %rd20;
+ld.global.v4.u32 {{%r3, %r4, %r5, %r6}}, [%rd21];
+shr.u32 %r51, %r50, 3;
+and.b32 %r52, %r50, 7;
+and.b32 %r53, %r51, 7;
+xor.b32 %r52, %r52, %r53;
+shl.b32 %r51, %r51, 7;
+shl.b32 %r52, %r52, 4;
+add.s32 %r51, %r51, %r52;
+add.s32 %r51, %r51, %r2;
+st.shared.v4.u32 [%r51+1024], {{%r3, %r4, %r5, %r6}};
+"""
+
+
+@pytest.mark.parametrize("change,message", [
+    ({}, None),
+    (dict(fence=""), "without a fence.proxy.async"),
+    (dict(after="st.shared.u32 [%r2+1024], %r1;"), "write-after-read|overwritten while a wgmma"),
+])
+def test_wgmma_with_a_from_shared_memory(rng, change, message):
+    b = rng.standard_normal((8, 64)).astype(np.float16)
+    a = rng.standard_normal((64, 64)).astype(np.float16)
+    fence = change.get("fence", "fence.proxy.async.shared::cta;")
+    stage_a = "".join(_STAGE_A_UNIT.format(offset=128 * i) for i in range(4)) + fence
+    text = (WGMMA_SS.replace("STAGE_A", stage_a).replace("FENCE", fence)
+            .replace("BARRIER", "bar.sync 0;")
+            .replace("AFTER", change.get("after", "")))
+    if message:
+        with pytest.raises(pi.PtxError, match=message):
+            run(text, [b, a], 128 * 16, threads=128, smem=1024 + 8192, shared_decl=True)
+        return
+    got = run(text, [b, a], 128 * 16, threads=128, smem=1024 + 8192, shared_decl=True)
+    want = _wgmma_expected(a[:, :16], b)
+    np.testing.assert_allclose(got.view(np.float32).reshape(128, 4), want, rtol=1e-6, atol=1e-6)
+
+
 def test_pdl_reads_before_the_wait_and_non_coherent_reads_of_own_writes_are_caught():
     """Launch 1, a programmatic dependent launch, reads what launch 0 wrote: only after
     griddepcontrol.wait. A kernel reading its own stores through ld.global.nc is caught."""
