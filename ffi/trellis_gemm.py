@@ -5,8 +5,10 @@
 Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.plans):
   1. input transform kernel (ffi/hadamard.py): xh = fp16(had128(x * suh)), fp32 math;
   2. decode plan (m <= 32): the decode+MMA kernel (ffi/trellis_mma.py) -> fp32 partials per
-     K-split; prefill plan: the dequantize kernel (ffi/trellis_dequant.py) writes W_hat^T fp16,
-     then an XLA dot with fp32 accumulation;
+     K-split; wgmma plan (Hopper, 25 <= m <= 128): the warpgroup-MMA kernel
+     (ffi/trellis_wgmma.py), partials or, with one K-split, y itself (step 3 in its epilogue);
+     prefill plan: the dequantize kernel (ffi/trellis_dequant.py) writes W_hat^T fp16, then an
+     XLA dot with fp32 accumulation;
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
 Three launches for a decode step (four for prefill). One token (m = 1, the batch-1 decode step)
 runs as one custom call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA
@@ -21,8 +23,8 @@ kernels are compiled by cutlass.jax.cutlass_call when a jitted function is lower
 Environment:
   EXL3_JAX_PLAN = auto | decode | prefill | tiles | wgmma
                                               force a plan kind (decode needs m <= 32; tiles:
-                                              ffi/trellis_tiles.py, wgmma: ffi/trellis_wgmma.py,
-                                              Hopper only; neither chosen by auto yet).
+                                              ffi/trellis_tiles.py, never chosen by auto;
+                                              wgmma: ffi/trellis_wgmma.py, Hopper only).
   EXL3_JAX_CUTE_OPTIONS = "..."               extra cute.compile options (debugging).
   EXL3_JAX_TRANSFORMS = cute | xla            how the Hadamard transforms run (default cute).
   EXL3_JAX_GROUPS = 1 | 0                     linears sharing an input (q/k/v, gate/up) run as one

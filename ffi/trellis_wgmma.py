@@ -102,6 +102,7 @@ DESC_LO_FLAGS = 1 << 16
 # fused_out epilogue: fp32 rows of the CTA's 128 columns padded by 4 words, so the D fragments'
 # stores (lanes 4 tokens x 8 columns apart) fall into 32 distinct banks.
 EPILOGUE_ROW_WORDS = 132
+MAX_SMEM_BYTES = 227 * 1024            # sm_90's largest dynamic shared memory per CTA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +114,8 @@ class WgmmaGemmConfig(TokenTiles):
     k: int
     n: int
     m_tile: int = 128      # tokens per CTA = wgmma's N (M_TILES)
-    warpgroups: int = 2    # 64 output columns each
+    warpgroups: int = 2    # 64 output columns each (4, with a_smem: 256 columns per CTA,
+                           # half the activation reads per output of 128)
     splits: int = 1        # K-splits (grid y)
     # Chunk slots of each warp's weight ring (weights weight_ring - 1 chunks ahead).
     weight_ring: int = WEIGHT_RING
@@ -170,8 +172,15 @@ class WgmmaGemmConfig(TokenTiles):
     def validate(self) -> "WgmmaGemmConfig":
         if self.m_tile not in M_TILES:
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
-        if self.warpgroups not in (1, 2):
-            raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
+        if self.warpgroups not in (1, 2, 4) or (self.warpgroups == 4 and not self.a_smem):
+            raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2 (4: with a_smem, "
+                             "whose registers leave room for 512 threads)")
+        if self.warpgroups == 4 and self.m_tile > 128:
+            raise ValueError(f"m_tile {self.m_tile} with 4 warpgroups: 512 threads have 128 "
+                             "registers each, so at most 64 accumulators (m_tile 128)")
+        if self.smem_words * 4 > MAX_SMEM_BYTES:
+            raise ValueError(f"{self.smem_words * 4} bytes of shared memory per CTA exceed "
+                             f"{MAX_SMEM_BYTES}")
         if not 1 <= self.wgmma_depth <= MAX_WGMMA_DEPTH:
             raise ValueError(f"wgmma_depth {self.wgmma_depth} must be 1..{MAX_WGMMA_DEPTH}")
         if self.a_smem and self.wgmma_depth != 1:

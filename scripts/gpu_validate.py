@@ -170,7 +170,8 @@ def forced_plan(m, k, n, kind):
     (MAX_WGMMA_DEPTH), with one K-split and no fused epilogue, so each CTA's chunks wrap around
     the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
     K-split and the output transform in its epilogue; "wgmma_smem": A from shared memory (each
-    chunk decoded one chunk ahead), the smallest ring, two K-splits where whole chunks allow."""
+    chunk decoded one chunk ahead), four warpgroups (256 columns per CTA) where n allows, the
+    smallest ring, two K-splits where whole chunks allow."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MAX_WGMMA_DEPTH, MIN_WEIGHT_RING
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
@@ -179,9 +180,10 @@ def forced_plan(m, k, n, kind):
     if kind == "wgmma_smem":
         from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
         splits = 2 if (k // 16) % 8 == 0 else 1
+        warps = 16 if n % 256 == 0 else 8
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=splits,
-                                   fused_out=splits == 1, weight_ring=MIN_WEIGHT_RING,
-                                   a_smem=True)
+                                   warps=warps, fused_out=splits == 1 and warps == 8,
+                                   weight_ring=MIN_WEIGHT_RING, a_smem=True)
     if kind == "wgmma_fused":
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)

@@ -222,6 +222,9 @@ def test_a_kernel_bug_is_caught_by_the_emulation(tmp_path, bug):
             assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-3000:]
         else:
             assert proc.returncode == 0, proc.stderr[-3000:]
+            for row in (json.loads(line) for line in proc.stdout.splitlines()
+                        if line.startswith("{")):          # the dispatch driver's results
+                assert row["nonfinite"] == 0 and row["rel"] <= 1e-3, row
 
 
 @needs_cutlass

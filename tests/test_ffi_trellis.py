@@ -258,6 +258,15 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
             tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, wgmma_depth=depth).validate()
     with pytest.raises(ValueError, match="wgmma_depth counts register-A"):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, wgmma_depth=2, a_smem=True).validate()
+    with pytest.raises(ValueError, match="warpgroups 4 must be 1 or 2"):
+        tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, warpgroups=4).validate()
+    with pytest.raises(ValueError, match="m_tile 256 with 4 warpgroups"):
+        tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, m_tile=256, warpgroups=4,
+                           a_smem=True).validate()
+    with pytest.raises(ValueError, match="bytes of shared memory per CTA exceed"):
+        tw.WgmmaGemmConfig("mcg", 8, 1, 1024, 512, m_tile=256, weight_ring=32,
+                           a_smem=True).validate()
+    assert tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, warpgroups=4, a_smem=True).validate()
 
 
 @needs_cutlass
@@ -1084,7 +1093,8 @@ def test_compile_only_wgmma_kernels(tmp_path):
              # A from shared memory: fused / partials, rings of 4 / 3, m_tile 128 / 256 / 32
              ("mcg", 3, 128, "wgmma:128,2,1,1,4,1,1", 2048, 768),
              ("mul1", 4, 300, "wgmma:256,2,2,0,3,1,1", 1024, 384),
-             ("3inst", 2, 20, "wgmma:32,1,2,0,4,1,1", 512, 640)]
+             ("3inst", 2, 20, "wgmma:32,1,2,0,4,1,1", 512, 640),
+             ("mcg", 4, 1024, "wgmma:128,4,2,0,4,1,1", 2048, 1024)]    # 4 warpgroups
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for case, row in zip(cases, rows):

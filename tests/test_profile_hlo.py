@@ -42,3 +42,16 @@ def test_fusion_scopes_of_a_real_dump(tmp_path):
     assert all("." not in name and "-" not in name for name in fusions)
     assert op_scope("jit(_generate)/while/body/closed_call/mlp/router/dot_general") == \
         "mlp/router/dot_general"
+
+
+def test_profile_linear_chains_every_call():
+    # gpu_profile_linear.looped: each call's output feeds the loop carry (so XLA can neither
+    # drop nor hoist it) without changing x: finite outputs leave x as it was, a NaN output
+    # reaches it.
+    import jax.numpy as jnp
+    import numpy as np
+    from gpu_profile_linear import looped
+    x = jnp.asarray(np.random.default_rng().standard_normal((3, 8)), jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(looped(lambda v: v @ jnp.ones((8, 5)), 4)(x)),
+                                  np.asarray(x))
+    assert np.isnan(np.asarray(looped(lambda v: v * jnp.nan, 4)(x), np.float32)).all()
