@@ -258,52 +258,48 @@ def proxy_fence_shared():
     inline_ptx("fence.proxy.async.shared::cta;")
 
 
+def _wgmma_async(acc, a_words, b_desc_lo, loc, ip) -> list:
+    """One wgmma.mma_async m64nNk16 (N = 2 * len(acc), fp32 accumulators tied in and out) with
+    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers
+    (``a_words`` of 4) or, likewise, a descriptor (``a_words`` = [its low word])."""
+    n_acc = len(acc)
+    d = ", ".join(f"${i}" for i in range(n_acc))
+    ai = 2 * n_acc                     # operands: outputs, the tied accumulators, then these
+    na = len(a_words)
+    if na == 1:
+        a_decl, a_mov, a_text, trans = ", da", f" mov.b64 da, {{${ai}, hi}};\n", "da", ", 0, 0"
+    else:
+        a_decl, a_mov, trans = "", "", ", 0"
+        a_text = "{" + ", ".join(f"${ai + i}" for i in range(na)) + "}"
+    body = (f"{{\n .reg .pred p;\n .reg .b64 db{a_decl};\n .reg .b32 hi;\n"
+            f" setp.ne.b32 p, ${ai + na + 1}, 0;\n"
+            f" mov.b32 hi, {DESC_HI};\n{a_mov}"
+            f" mov.b64 db, {{${ai + na}, hi}};\n"
+            f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
+            f"{a_text}, db, p, 1, 1{trans};\n}}")
+    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+                + [Uint32(v).ir_value(loc=loc, ip=ip) for v in a_words]
+                + [Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
+    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * (na + 2))
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
+                          constraints + ",~{memory}", has_side_effects=True,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+
+
 @dsl_user_op
 def wgmma_rs(acc, a, desc_lo, *, loc=None, ip=None) -> list:
     """acc += A (this warp's 16 rows of 64 x 16, 4 f16x2 registers) @ B (16 x N from the
     K-major 128-byte-swizzled descriptor), N = 2 * len(acc), fp32 accumulators (asynchronous:
     read acc only after wgmma_wait)."""
-    n_acc = len(acc)
-    d = ", ".join(f"${i}" for i in range(n_acc))
-    ai = 2 * n_acc
-    body = ("{\n .reg .pred p;\n .reg .b64 desc;\n .reg .b32 hi;\n"
-            f" setp.ne.b32 p, ${ai + 5}, 0;\n"
-            f" mov.b32 hi, {DESC_HI};\n"
-            f" mov.b64 desc, {{${ai + 4}, hi}};\n"
-            f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
-            f"{{${ai}, ${ai + 1}, ${ai + 2}, ${ai + 3}}}, desc, p, 1, 1, 0;\n}}")
-    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
-                + [Uint32(v).ir_value(loc=loc, ip=ip) for v in a]
-                + [Uint32(desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
-    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 6)
-    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
-                          constraints + ",~{memory}", has_side_effects=True,
-                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+    return _wgmma_async(acc, list(a), desc_lo, loc, ip)
 
 
 @dsl_user_op
 def wgmma_ss(acc, a_desc_lo, b_desc_lo, *, loc=None, ip=None) -> list:
     """acc += A (64 x 16 from the K-major 128-byte-swizzled descriptor a_desc_lo) @ B (16 x N,
     likewise b_desc_lo), N = 2 * len(acc), fp32 accumulators (asynchronous, as wgmma_rs)."""
-    n_acc = len(acc)
-    d = ", ".join(f"${i}" for i in range(n_acc))
-    ai = 2 * n_acc                     # operands: outputs, the tied accumulators, then these
-    body = ("{\n .reg .pred p;\n .reg .b64 da, db;\n .reg .b32 hi;\n"
-            f" setp.ne.b32 p, ${ai + 2}, 0;\n"
-            f" mov.b32 hi, {DESC_HI};\n"
-            f" mov.b64 da, {{${ai}, hi}};\n"
-            f" mov.b64 db, {{${ai + 1}, hi}};\n"
-            f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
-            "da, db, p, 1, 1, 0, 0;\n}")
-    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
-                + [Uint32(a_desc_lo).ir_value(loc=loc, ip=ip),
-                   Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
-    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 3)
-    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
-                          constraints + ",~{memory}", has_side_effects=True,
-                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+    return _wgmma_async(acc, [a_desc_lo], b_desc_lo, loc, ip)
 
 
 def wgmma_wait(pending: int):
@@ -345,6 +341,19 @@ def _copy_stage_async(xw, m0, ks, stage_address, tid, cfg):
     cp_async_commit()
 
 
+def _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg):
+    """At the top of chunk c, one cp.async group: the warp's weights of chunk c + R - 1 into
+    ring slot (c + R - 1) % R, and the CTA's activations of chunk c + 2 into stage
+    (c + 2) % ACTIVATION_STAGES. Past the last chunk every copy re-loads it (in bounds, into
+    stages and slots never read again)."""
+    last, lead = cfg.chunks - 1, cfg.weight_ring - 1
+    _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
+                        ring_address + ((c + lead) % cfg.weight_ring) * cfg.slot_words * 4,
+                        lane, geo, cfg)
+    _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
+                      base + ((c + 2) % ACTIVATION_STAGES) * cfg.stage_words * 4, tid, cfg)
+
+
 def weight_piece(p, geo):
     """(k16 step within the chunk, 16-byte piece within its tile) of piece p of a warp's
     chunk of weight words (K_CHUNK tiles of geo.words words, each a whole number of 16-byte
@@ -376,6 +385,12 @@ def _ring_weight_words(smem, slot_word, funnels, geo):
     return lambda kk: load_tile_words(smem, slot_word + kk * geo.words, funnels, geo)
 
 
+def _a_fragment(words, funnels, geo, cfg):
+    """The 4 A fragment registers (f16x2) of a tile decoded from the lane's ``words``."""
+    h = decode_words(words, funnels, geo, cfg.codebook)
+    return [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+
+
 def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
     """The chunk's K_CHUNK steps: decode the warp's tile (words: ``step_words(kk)``, from its
     weight-ring slot) into A, one wgmma each against the stage whose step-0 descriptor word is
@@ -384,8 +399,7 @@ def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
     ``range``: the DSL preprocessor rewrites only the kernels."""
     last = 4 * (cfg.wgmma_depth - 1)
     for kk in range(K_CHUNK):
-        h = decode_words(step_words(kk), funnels, geo, cfg.codebook)
-        a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+        a = _a_fragment(step_words(kk), funnels, geo, cfg)
         wgmma_fence()
         d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, desc_lo + 2 * kk)
         for i in range(cfg.acc_regs):
@@ -415,8 +429,7 @@ def _decode_chunk_to_stage(smem, stage_word, step_words, warp, lane, funnels, ge
     its rows (16 (warp % 4) ..) of the A stage at word stage_word."""
     row0 = 16 * (warp % 4) + lane // 4
     for kk in range(K_CHUNK):
-        h = decode_words(step_words(kk), funnels, geo, cfg.codebook)
-        a = [h[p[0] // 2] for p in A_OPERAND_PAIRS]
+        a = _a_fragment(step_words(kk), funnels, geo, cfg)
         for i, (dr, hi) in enumerate(A_FRAGMENT_SLOTS):
             smem[stage_word + a_stage_word(row0 + dr, kk, hi, lane)] = a[i]
 
@@ -461,9 +474,6 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
     for i in cutlass.range_constexpr(cfg.acc_regs):
         acc[i] = Float32(0.0)
-    a_prev = cute.make_rmem_tensor((4 * cfg.wgmma_depth,), Uint32)   # A of the wgmmas in flight
-    for i in cutlass.range_constexpr(4 * cfg.wgmma_depth):
-        a_prev[i] = Uint32(0)
     last = cfg.chunks - 1
     lead = cfg.weight_ring - 1
     slot_bytes = cfg.slot_words * 4
@@ -503,11 +513,7 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                 for i in cutlass.range_constexpr(cfg.acc_regs):
                     acc[i] = d[i]
             wgmma_commit()
-            _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
-                                ring_address + ((c + lead) % cfg.weight_ring) * slot_bytes,
-                                lane, geo, cfg)
-            _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
-                              base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
+            _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
             cp_async_wait(1)                          # chunk c + 1 has landed
             inline_ptx("bar.warp.sync -1;")           # the warp's ring copies, lane to lane
             wgmma_wait(1)                             # chunk c - 1's group: its stage is free
@@ -520,12 +526,11 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
             proxy_fence_shared()
             cute.arch.sync_threads()
     else:
+        a_prev = cute.make_rmem_tensor((4 * cfg.wgmma_depth,), Uint32)   # A of those in flight
+        for i in cutlass.range_constexpr(4 * cfg.wgmma_depth):
+            a_prev[i] = Uint32(0)
         for c in cutlass.range(cfg.chunks):
-            _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
-                                ring_address + ((c + lead) % cfg.weight_ring) * slot_bytes,
-                                lane, geo, cfg)
-            _copy_stage_async(xw, m0, ks0 + cutlass.min(c + 2, last) * K_CHUNK,
-                              base + ((c + 2) % ACTIVATION_STAGES) * stage_bytes, tid, cfg)
+            _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
             slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
             _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
                        desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4), funnels, geo, cfg)

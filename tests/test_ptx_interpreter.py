@@ -297,6 +297,24 @@ def test_bar_warp_sync_orders_a_warp_and_partial_warps_are_refused(rng):
         run(body.replace("SYNC", half), [src], 512, smem=512, shared_decl=True)
 
 
+# One 16-byte unit u = tid + offset of a 64-fp16 (128-byte) row-major matrix at global src,
+# stored at shared smem + dst + row * 128 + (segment ^ row % 8) * 16: the 128-byte swizzle.
+_STAGE_UNIT = """
+add.u32 %r50, %r1, {offset};
+mul.wide.u32 %rd20, %r50, 16;
+add.s64 %rd21, {src}, %rd20;
+ld.global.v4.u32 {{%r3, %r4, %r5, %r6}}, [%rd21];
+shr.u32 %r51, %r50, 3;
+and.b32 %r52, %r50, 7;
+and.b32 %r53, %r51, 7;
+xor.b32 %r52, %r52, %r53;
+shl.b32 %r51, %r51, 7;
+shl.b32 %r52, %r52, 4;
+add.s32 %r51, %r51, %r52;
+add.s32 %r51, %r51, %r2;
+st.shared.v4.u32 [%r51+{dst}], {{%r3, %r4, %r5, %r6}};
+"""
+
 # wgmma m64n8k16: threads 0..63 stage B (8 rows x 64 fp16, 128-byte swizzle) in shared memory,
 # every thread loads its 4 A registers, one wgmma, D (4 fp32 per thread) to global.
 WGMMA = """
@@ -307,18 +325,7 @@ mov.u32 %r1, %tid.x;
 mov.b32 %r2, smem;
 setp.ge.u32 %p1, %r1, 64;
 @%p1 bra $STAGED;
-mul.wide.u32 %rd4, %r1, 16;
-add.s64 %rd5, %rd1, %rd4;
-ld.global.v4.u32 {%r3, %r4, %r5, %r6}, [%rd5];
-shr.u32 %r7, %r1, 3;
-and.b32 %r8, %r1, 7;
-xor.b32 %r9, %r8, %r7;
-shl.b32 %r10, %r7, 7;
-shl.b32 %r11, %r9, 4;
-add.s32 %r12, %r10, %r11;
-add.s32 %r12, %r12, %r2;
-st.shared.v4.u32 [%r12], {%r3, %r4, %r5, %r6};
-FENCE
+""" + _STAGE_UNIT.format(offset=0, src="%rd1", dst=0) + """FENCE
 $STAGED:
 BARRIER
 mul.wide.u32 %rd6, %r1, 16;
@@ -402,23 +409,6 @@ cvt.u64.u32 %rd11, %r41;
 or.b64 %rd12, %rd11, 0x4000004000010000;
 setp.ne.b32 %p2, 0, 0;
 """).replace("{%r20, %r21, %r22, %r23}, %rd9, %p2, 1, 1, 0;", "%rd12, %rd9, %p2, 1, 1, 0, 0;"))
-_STAGE_A_UNIT = """
-add.u32 %r50, %r1, {offset};
-mul.wide.u32 %rd20, %r50, 16;
-add.s64 %rd21, %rd2, %rd20;
-ld.global.v4.u32 {{%r3, %r4, %r5, %r6}}, [%rd21];
-shr.u32 %r51, %r50, 3;
-and.b32 %r52, %r50, 7;
-and.b32 %r53, %r51, 7;
-xor.b32 %r52, %r52, %r53;
-shl.b32 %r51, %r51, 7;
-shl.b32 %r52, %r52, 4;
-add.s32 %r51, %r51, %r52;
-add.s32 %r51, %r51, %r2;
-st.shared.v4.u32 [%r51+1024], {{%r3, %r4, %r5, %r6}};
-"""
-
-
 @pytest.mark.parametrize("change,message", [
     ({}, None),
     (dict(fence=""), "without a fence.proxy.async"),
@@ -428,7 +418,8 @@ def test_wgmma_with_a_from_shared_memory(rng, change, message):
     b = rng.standard_normal((8, 64)).astype(np.float16)
     a = rng.standard_normal((64, 64)).astype(np.float16)
     fence = change.get("fence", "fence.proxy.async.shared::cta;")
-    stage_a = "".join(_STAGE_A_UNIT.format(offset=128 * i) for i in range(4)) + fence
+    stage_a = "".join(_STAGE_UNIT.format(offset=128 * i, src="%rd2", dst=1024)
+                      for i in range(4)) + fence
     text = (WGMMA_SS.replace("STAGE_A", stage_a).replace("FENCE", fence)
             .replace("BARRIER", "bar.sync 0;")
             .replace("AFTER", change.get("after", "")))

@@ -109,11 +109,12 @@ def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPl
     return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
 
 
-def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int) -> int:
+def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int,
+                       cta_n16: int = 8) -> int:
     """The fewest K-splits (whole chunks of ``chunk`` k16 steps each, at most TILES_MAX_SPLITS)
-    that give a token-tile plan's grid (128-column CTAs x token tiles) ``ctas`` CTAs, else the
-    most allowed."""
-    grid = (n16 // 8) * -(-m // m_tile)
+    that give a token-tile plan's grid (CTAs of ``cta_n16`` n16 tiles, 128 columns by default,
+    x token tiles) ``ctas`` CTAs, else the most allowed."""
+    grid = (n16 // cta_n16) * -(-m // m_tile)
     allowed = [s for s in _divisors(k16) if s <= TILES_MAX_SPLITS and (k16 // s) % chunk == 0]
     return next((s for s in allowed if grid * s >= ctas), allowed[-1])
 

@@ -10,19 +10,14 @@ timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_PLAN --values 
 t "ab decode/wgmma rc=$?"; grep '^{' $RES/6_ab_decode_wgmma.log | cut -c1-190; save
 timeout 90 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_PLAN --values 'prefill|wgmma' --shapes 4096x14336,14336x4096,8192x28672 --K 4,3 --codebooks mcg,mul1 --m 64,128,256 --out $RES/6_ab_prefill_wgmma.json > $RES/6_ab_prefill_wgmma.log 2>&1
 t "ab prefill/wgmma rc=$?"; grep '^{' $RES/6_ab_prefill_wgmma.log | cut -c1-190; save
-# The auto wgmma tiling of (m, k, n) with weight ring 4 and depth D, or with S K-splits.
-tiling() { python3 -c "
-from exl3_jax.ops.plans import select_plan
-p = select_plan($1, $2, $3, force='wgmma'); s = ${5:-p.splits}
-print(f'{p.m_tile},{p.warps // 4},{s},{int(s == 1)},4,$4')"; }
 for sh in 4096x14336 14336x4096 8192x28672; do
     k=${sh%x*}; n=${sh#*x}
     for m in 32 128; do
-        A=$(tiling $m $k $n 1); B=$(tiling $m $k $n 2)
+        A=$(wgmma_tiling $m $k $n 0 2 0 1); B=$(wgmma_tiling $m $k $n 0 2 0 2)
         EXL3_JAX_PLAN=wgmma timeout 30 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_WGMMA --values "$A|$B|$A|$B" --shapes $sh --K 4,3 --codebooks mcg,mul1 --m $m --out $RES/6_depth_${sh}_$m.json > $RES/6_depth_${sh}_$m.log 2>&1
         t "depth $sh m=$m ($A vs $B) rc=$?"; grep '^{' $RES/6_depth_${sh}_$m.log | cut -c1-190; save
     done
-    V=$(for s in 1 2 4 8; do tiling 128 $k $n 1 $s; done | paste -sd'|')
+    V=$(for s in 1 2 4 8; do wgmma_tiling 128 $k $n 0 2 0 1 $s; done | paste -sd'|')
     EXL3_JAX_PLAN=wgmma timeout 30 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg --m 128 --out $RES/6_splits_$sh.json > $RES/6_splits_$sh.log 2>&1
     t "splits $sh m=128 ($V) rc=$?"; grep '^{' $RES/6_splits_$sh.log | cut -c1-190; save
 done

@@ -7,27 +7,17 @@
 CALL=call7
 timeout 100 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 33,128,1000 --kinds wgmma,wgmma_smem --budget-s 80 --out $RES/7_validate_smem.json > $RES/7_validate_smem.log 2>&1
 t "validate wgmma_smem rc=$?"; grep SUMMARY $RES/7_validate_smem.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/7_validate_smem.log | head -4 | cut -c1-300; save
-# A wgmma tiling of (m, k, n): A from registers (0) or shared memory (1), W warpgroups (64
-# columns each; 4 needs A in shared memory), T-token tiles, weight ring 4, depth 1, and the
-# fewest K-splits (whole 4-step chunks, at most 16) giving a CTA per SM, or S of them.
-tiling() { python3 -c "
-k16, n16, m, a, w, t = $2 // 16, $3 // 16, $1, $4, ${5:-2}, ${6:-0}
-t = t or (32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256)
-ok = [s for s in range(1, 17) if k16 % s == 0 and (k16 // s) % 4 == 0]
-ctas = n16 // (4 * w) * -(-m // t)
-s = ${7:-0} or next((s for s in ok if ctas * s >= 132), ok[-1])
-print(f'{t},{w},{s},{int(s == 1 and w == 2)},4,1,{a}')"; }
 for sh in 4096x14336 14336x4096 8192x28672; do
     k=${sh%x*}; n=${sh#*x}
     for m in 32 128 1024; do
         # register A (the auto form) | A from shared memory | the same, 4 warpgroups
-        A=$(tiling $m $k $n 0); B=$(tiling $m $k $n 1); C=$(tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
+        A=$(wgmma_tiling $m $k $n 0); B=$(wgmma_tiling $m $k $n 1); C=$(wgmma_tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
         # m = 1024: also 256-token tiles (decode once per 256 tokens; 128 accumulators)
-        [ $m = 1024 ] && V="$V|$(tiling $m $k $n 1 2 256)"
+        [ $m = 1024 ] && V="$V|$(wgmma_tiling $m $k $n 1 2 256)"
         EXL3_JAX_PLAN=wgmma timeout 30 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg,mul1 --m $m --out $RES/7_smem_${sh}_$m.json > $RES/7_smem_${sh}_$m.log 2>&1
         t "a_smem $sh m=$m ($V) rc=$?"; grep '^{' $RES/7_smem_${sh}_$m.log | cut -c1-190; save
     done
-    V=$(for s in 1 2 4; do tiling 128 $k $n 1 2 128 $s; done | paste -sd'|')
+    V=$(for s in 1 2 4; do wgmma_tiling 128 $k $n 1 2 128 1 $s; done | paste -sd'|')
     EXL3_JAX_PLAN=wgmma timeout 25 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg --m 128 --out $RES/7_smem_splits_$sh.json > $RES/7_smem_splits_$sh.log 2>&1
     t "a_smem splits $sh m=128 ($V) rc=$?"; grep '^{' $RES/7_smem_splits_$sh.log | cut -c1-190; save
 done

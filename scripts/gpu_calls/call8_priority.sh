@@ -6,21 +6,12 @@
 CALL=call8
 timeout 110 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 33,128,1000 --kinds wgmma,wgmma_tight,wgmma_fused,wgmma_smem --budget-s 90 --out $RES/8_validate_wgmma.json > $RES/8_validate_wgmma.log 2>&1
 t "validate wgmma rc=$?"; grep SUMMARY $RES/8_validate_wgmma.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/8_validate_wgmma.log | head -4 | cut -c1-300; save
-# A wgmma tiling of (m, k, n): A from registers (0) or shared memory (1), W warpgroups, T-token
-# tiles, weight ring 4, depth D, the fewest K-splits giving a CTA per SM (auto's rule).
-tiling() { python3 -c "
-k16, n16, m, a, w, t, d = $2 // 16, $3 // 16, $1, $4, ${5:-2}, ${6:-0}, ${7:-1}
-t = t or (32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256)
-ok = [s for s in range(1, 17) if k16 % s == 0 and (k16 // s) % 4 == 0]
-ctas = n16 // (4 * w) * -(-m // t)
-s = next((s for s in ok if ctas * s >= 132), ok[-1])
-print(f'{t},{w},{s},{int(s == 1 and w == 2)},4,{d},{a}')"; }
 for sh in 8192x28672 4096x14336; do
     k=${sh%x*}; n=${sh#*x}
     for m in 128 1024; do
-        A=$(tiling $m $k $n 0); B=$(tiling $m $k $n 1); C=$(tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
-        [ $m = 128 ] && V="$V|$(tiling $m $k $n 0 2 0 2)"
-        [ $m = 1024 ] && V="$V|$(tiling $m $k $n 1 2 256)"
+        A=$(wgmma_tiling $m $k $n 0); B=$(wgmma_tiling $m $k $n 1); C=$(wgmma_tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
+        [ $m = 128 ] && V="$V|$(wgmma_tiling $m $k $n 0 2 0 2)"
+        [ $m = 1024 ] && V="$V|$(wgmma_tiling $m $k $n 1 2 256)"
         EXL3_JAX_PLAN=wgmma timeout 35 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg,mul1 --m $m --out $RES/8_ab_${sh}_$m.json > $RES/8_ab_${sh}_$m.log 2>&1
         t "ab $sh m=$m ($V) rc=$?"; grep '^{' $RES/8_ab_${sh}_$m.log | cut -c1-200; save
     done

@@ -32,6 +32,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import jax, cutlass; print('jax', jax.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -1
 git log -1 --format='tree %h %s' 2>/dev/null | cut -c1-100
 t start
+# `wgmma_tiling M K N A_SMEM [WARPGROUPS [M_TILE [DEPTH [SPLITS]]]]`: an EXL3_JAX_WGMMA tiling
+# string for an [M, K] @ [K, N] linear: the plans' own m_tile and K-split rule (one CTA per SM)
+# unless given (0), weight ring 4, the fused epilogue where one split of two warpgroups allows.
+wgmma_tiling() { python3 -c "
+from exl3_jax.ops.plans import DEFAULT_SMS, _token_tile_splits, select_plan
+m, k, n, a, w, t, d, s = $1, $2, $3, $4, ${5:-2}, ${6:-0}, ${7:-1}, ${8:-0}
+t = t or select_plan(m, k, n, force='wgmma').m_tile
+s = s or _token_tile_splits(m, k // 16, n // 16, t, 4, DEFAULT_SMS, cta_n16=4 * w)
+print(f'{t},{w},{s},{int(s == 1 and w == 2)},4,{d},{a}')"; }
 # The timing steps the calls share: `bench_linear TREE TAG SECONDS` (the issue's two large shapes,
 # K 3 and 4, both codebooks, m 1 / 4 / 16) and `bench_moe TREE TAG SECONDS` (the Qwen3 layer,
 # m 1..8), in tree TREE, results $RES/TAG.{json,log}.
