@@ -37,6 +37,9 @@ Environment:
   EXL3_JAX_PAIR_FRAGMENTS = 0 | 1             packed decode kernels of 2+ token groups read
                                               B-fragment-ordered pairs (MmaConfig.pair_fragments;
                                               default 0, not measured yet).
+  EXL3_JAX_SPLIT_GROUPS = 1 | 2 | 3 | 4       3inst / mcg decode kernels of up to this many token
+                                              groups run split pairs (MmaConfig.split_groups;
+                                              default 1, a tuning aid).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth[,a_smem]]]]
@@ -72,6 +75,7 @@ GROUPS_ENV = "EXL3_JAX_GROUPS"
 ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
 ONE_TOKEN_ENV = "EXL3_JAX_ONE_TOKEN"
 PAIR_FRAGMENTS_ENV = "EXL3_JAX_PAIR_FRAGMENTS"
+SPLIT_GROUPS_ENV = "EXL3_JAX_SPLIT_GROUPS"
 TILES_ENV = "EXL3_JAX_TILES"
 WGMMA_ENV = "EXL3_JAX_WGMMA"
 
@@ -268,6 +272,10 @@ def _pair_fragments() -> bool:
     return os.environ.get(PAIR_FRAGMENTS_ENV, "0") == "1"
 
 
+def _split_groups() -> int:
+    return int(os.environ.get(SPLIT_GROUPS_ENV, "1"))
+
+
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
     """The decode kernel's MmaConfig for ``weight`` (a group: its first member, and
     ``members`` the members' n)."""
@@ -276,7 +284,8 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                      k=weight.k, n=sum(members) or weight.n, m_tile=plan.m_tile,
                      n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
                      unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
-                     one_token=_one_token(plan), pair_fragments=_pair_fragments()).validate()
+                     one_token=_one_token(plan), pair_fragments=_pair_fragments(),
+                     split_groups=_split_groups()).validate()
 
 
 TOKEN_TILE_KINDS = ("tiles", "wgmma")     # plans whose kernel takes row-major f16 pairs

@@ -110,18 +110,23 @@ class MmaTiling(KSplitShape):
 
     # mul1 split pairs need the affine epilogue (mul1_affine) that only the dense kernels apply.
     mul1_split = False
+    split_groups = 1    # MmaConfig's field: token groups up to which 3inst / mcg split pairs
 
     @property
     def split_pairs(self) -> bool:
-        """One token group: one weight per A register (cute_ops.decode_halves) and two MMAs per
-        tile. For 3inst / mcg that trades the PRMT per weight of packing (ALU pipe, the
-        bottleneck there) for a second MMA (the tensor pipe is mostly idle): -8% (K3) and -10%
-        (K4) at 8192x28672 m=1 on the H200, with a HADD2 per weight that the MMA now does. mul1
-        (where ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine
-        epilogue. With 2+ token groups the doubled MMAs and registers cost more than that
-        (+20% at m=16), so those keep packed pairs (bench/NOTES.md)."""
-        split = self.codebook in LOP3_CODEBOOKS or (self.codebook == "mul1" and self.mul1_split)
-        return split and self.m_groups == 1
+        """One weight per A register (cute_ops.decode_halves) and two MMAs per tile and token
+        group: one token group, or for 3inst / mcg up to ``split_groups``. For 3inst / mcg that
+        trades the two PRMTs per weight pair of packing (ALU pipe, the bottleneck there) and
+        the HADD2 that sums the codebook's halves for a second MMA (the tensor pipe is mostly
+        idle): -8% (K3) and -10% (K4) at 8192x28672 m=1 on the H200. mul1 (where
+        ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine epilogue
+        (one token group: mul1_affine sums one group's x). With 2 token groups split pairs
+        measured +20% at m=16 (session 11, before the leaner decodes; CPU-compiled now, K4 mcg
+        per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so packed pairs stay the default
+        there until the hardware says otherwise (bench/NOTES.md)."""
+        if self.codebook in LOP3_CODEBOOKS:
+            return self.m_groups <= max(1, self.split_groups)
+        return self.codebook == "mul1" and self.mul1_split and self.m_groups == 1
 
     @property
     def x_layout(self) -> str:
@@ -184,6 +189,9 @@ class MmaConfig(MmaTiling):
     # (trellis_geometry.pair_fragment_word: one 128-byte line per warp load) instead of
     # row-major pairs (8 token rows' lines per load). Not measured yet: EXL3_JAX_PAIR_FRAGMENTS=1.
     pair_fragments: bool = False
+    # 3inst / mcg with up to this many token groups run split pairs (MmaTiling.split_pairs; a
+    # tuning aid, EXL3_JAX_SPLIT_GROUPS).
+    split_groups: int = 1
 
     @property
     def x_k16(self) -> int:
