@@ -307,6 +307,23 @@ def load_words_v4(words, index, offset: int = 0):
 
 
 @dsl_user_op
+def _ld_shared_v4(address, *, loc=None, ip=None) -> list:
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+                          [Int32(address).ir_value(loc=loc, ip=ip)],
+                          "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                          has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+def load_shared_words_v4(words, index, offset: int = 0):
+    """words[index + offset .. + 3] of a shared-memory uint32 tensor as one 16-byte load
+    (LDS.128; index + offset a multiple of 4). A side effect for LLVM, so it stays behind
+    the barrier that publishes the stores it reads."""
+    return _ld_shared_v4(words.iterator.toint() + Int32(index) * 4 + 4 * offset)
+
+
+@dsl_user_op
 def permute_bytes(a, b, selector, *, loc=None, ip=None) -> Uint32:
     """prmt.b32 of (a, b): byte i of the result is byte (selector >> 4 i) & 7 of b:a; selector
     a Python int (an immediate) or a DSL integer (a register, e.g. lane-dependent)."""

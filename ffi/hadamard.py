@@ -48,7 +48,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
 from .trellis_gemm import ROW_LIMIT_LOG2
 from .trellis_geometry import (b_fragment_slot, b_fragment_word, pair_fragment_slot,
-                               pair_fragment_word, row_fragment_slot, token_fragment_word)
+                               pair_fragment_word, token_fragment_word)
 from .trellis_mma import MAX_MEMBERS     # the kernels below take this many vector pointers
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
@@ -248,21 +248,21 @@ def rotated_fp16(v, inv, lane):
 
 @cute.jit
 def store_rotated(vals: list, blocks: list, inv, lane, dst, base,
-                  fragments: cutlass.Constexpr = False):
+                  fragments: cutlass.Constexpr = None):
     """rotated_fp16 of each real block of ``blocks`` (row_blocks; vals as rotation_inputs
     returns them) into ``dst``: column c (this lane's 4 of each block) at base + c, or with
-    ``fragments`` in both halves of uint32 word row_fragment_slot(c) (fp16 elements base +
-    2 * slot and + 1; trellis_geometry). The store shared by the MoE glue, FC1's prologue and
-    the row linear."""
+    ``fragments`` (a word-slot function of trellis_geometry: row_fragment_slot,
+    token_fragment_word) in both halves of uint32 word fragments(c) (fp16 elements base +
+    2 * slot and + 1). The store shared by the MoE glue, FC1's prologue and the row linear."""
     for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real:
             f16 = rotated_fp16(vals[i], inv, lane)
             for j in cutlass.range_constexpr(4):
                 c = c0 + 4 * lane + j
-                if cutlass.const_expr(fragments):      # both halves of word slot(c)
-                    dst[base + 2 * row_fragment_slot(c)] = f16[j]
-                    dst[base + 2 * row_fragment_slot(c) + 1] = f16[j]
+                if cutlass.const_expr(fragments is not None):   # both halves of word slot(c)
+                    dst[base + 2 * fragments(c)] = f16[j]
+                    dst[base + 2 * fragments(c) + 1] = f16[j]
                 else:
                     dst[base + c] = f16[j]
 

@@ -45,7 +45,7 @@ from .cute_ops import cta_thread_ids, lane_funnels
 from .hadamard import (HadamardConfig, _hadamard_out_kernel, cta_max, power_of_two_inverse,
                        rotation_inputs, row_blocks, row_scale, store_rotated)
 from .hadamard import THREADS as OUT_THREADS
-from .trellis_geometry import lane_geometry
+from .trellis_geometry import lane_geometry, row_fragment_slot
 from .trellis_mma import (MmaTiling, check_group_members, fold_warp_partials,
                           fragments_of_words, launch_bounds, load_chunk_weights,
                           load_chunk_x_words, member_tile_ranges, mma_chunk, mul1_affine,
@@ -181,7 +181,8 @@ def _member_row_gemm(x, suh, tw, xs, acc, tl0, n16: cutlass.Constexpr, k0, wk, l
                                  blocks)
     s = row_scale(cta_max(amax, warp, cfg.warps))
     inv = power_of_two_inverse(s)
-    store_rotated(vals, blocks, inv, lane, xs, 0, cfg.split_pairs)
+    store_rotated(vals, blocks, inv, lane, xs, 0,
+                  row_fragment_slot if cfg.split_pairs else None)
     cute.arch.sync_threads()
     # Split pairs: 4 words per k16 step, each fp16 in both halves of its register; packed: 2
     # fp16 pairs (row order). base folds in the range's first step.

@@ -62,8 +62,8 @@ from cutlass import Float32, Uint32
 from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
 
 from .cute_ops import (LOP3_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
-                       half_in_both, lane_funnels, load_tile_words, load_words_v4,
-                       mma_m16n8k16_f16_f32)
+                       half_in_both, lane_funnels, load_shared_words_v4, load_tile_words,
+                       load_words_v4, mma_m16n8k16_f16_f32)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, KSplitShape,
                                b_fragment_word, lane_geometry, pair_fragment_word,
                                token_fragment_word)
@@ -261,11 +261,12 @@ def load_chunk_weights(tw, c0, tile0, funnels, geo, cfg, n16=None):
             for w in _tile_row_words(tw, c0 + u, tile0, funnels, geo, cfg, n16)]
 
 
-def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32):
+def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32, shared: bool = False):
     """load_chunk's activation words alone, raw (fragments_of_words makes bfrag of them);
     keep: a predicate, False zeroes every word (a chunk this warp does not own adds 0);
-    lanes: see _row_words."""
-    words = [w for u in range(cfg.unroll) for w in _row_words(xw, c0, u, x_base, cfg, lanes)]
+    lanes, shared: see _row_words."""
+    words = [w for u in range(cfg.unroll)
+             for w in _row_words(xw, c0, u, x_base, cfg, lanes, shared)]
     if keep is not None:
         words = [cutlass.select_(keep, w, Uint32(0)) for w in words]
     return words
@@ -327,18 +328,20 @@ def _tile_row_words(tw, kt, tile0, funnels, geo, cfg, n16):
             for j in range(cfg.n_tiles)]
 
 
-def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32):
+def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32, shared: bool = False):
     """Raw activation words of k16 step kt = c0 + u for every token group (see load_chunk;
     u: the unrolled step, a compile-time int, an immediate offset of 16-byte loads). lanes: 32
     for the B-fragment order in global memory (one 16-byte load per lane), or 4 for one
     token's row in the row linear's shared memory (trellis_geometry.row_fragment_slot: lanes
-    4..31 read lanes 0..3's words, one 32-bit load per register)."""
+    4..31 read lanes 0..3's words, one 32-bit load per register). shared: the "token" layout
+    read from shared memory (the MoE FC1's rotated row) instead of global."""
     kt = c0 + u
     kw = cfg.x_k16 * 8
     words = []
     for g in range(cfg.m_groups):
         if cfg.x_layout == "token":
-            words += load_words_v4(xw, x_base + c0 * 16, 16 * u)
+            load = load_shared_words_v4 if shared else load_words_v4
+            words += load(xw, x_base + c0 * 16, 16 * u)
         elif cfg.x_layout == "fragments" and lanes == LANES:
             words += load_words_v4(xw, x_base + (g * cfg.x_k16 + c0) * B_REGS * LANES,
                                    B_REGS * LANES * u)

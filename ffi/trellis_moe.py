@@ -74,8 +74,9 @@ from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, lane_funn
 from .hadamard import SCALE as HAD_SCALE
 from .hadamard import (WARPS, HadamardConfig, abs_max, cta_max, power_of_two_inverse,
                        rotation_inputs, row_blocks, row_scale, store_rotated)
-from .trellis_geometry import lane_geometry, supported_rates
+from .trellis_geometry import B_REGS, lane_geometry, supported_rates, token_fragment_word
 from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_partials,
+                          fragments_of_words,
                           load_chunk, load_chunk_weights, load_chunk_x_words, mma_chunk,
                           mul1_affine, mul1_sums, store_chunk, summed_fragment,
                           zero_accumulators)
@@ -122,8 +123,19 @@ class GroupedMmaConfig(MmaTiling):
     # (7 of them padding); the padding rows' partials are then copies of row 0's, never read.
     one_row: bool = False
 
-    x_layout = "rows"        # xw row-major fp16 pairs (the route-packed rows)
     mul1_split = True        # the k loops apply trellis_mma.mul1_affine
+
+    @property
+    def x_layout(self) -> str:
+        """Row-major fp16 pairs (the route-packed rows; a split-pair B register costs a byte
+        permute, the fp16 into both halves), except in FC1 of a per-route plan (rotate_in):
+        its one rotated row lies in shared memory in the dense kernel's one-token order
+        (trellis_geometry.token_fragment_word, each fp16 in both halves): one 16-byte load per
+        lane and k16 step, no permutes, and every lane reads token 0's words, so the padding
+        rows' partials are copies of row 0's, which the activation kernel zeroes as it does
+        any padding row. (FC2 reading the activation's rows in that order, CPU-compiled for
+        Qwen3-30B-A3B K4 mcg: -7% instructions per chunk, 76 -> 95 registers; not taken.)"""
+        return "token" if self.rotate_in else "rows"
 
     @property
     def m_tile(self) -> int:
@@ -150,9 +162,11 @@ class GroupedMmaConfig(MmaTiling):
         if self.block_m % 8 or not 8 <= self.block_m <= 64:
             raise ValueError(f"block_m {self.block_m} must be a multiple of 8 in [8, 64]")
         if self.rotate_in and (self.tiers or self.planes != 2 or self.top_k < 1
-                               or self.blocks % self.top_k or self.k % 128):
+                               or self.blocks % self.top_k or self.k % 128
+                               or self.block_m != 8):
             raise ValueError("rotate_in (FC1 of a per-route plan) needs one slab, 2 planes, "
-                             "top_k >= 1 dividing the blocks and k a multiple of 128")
+                             "top_k >= 1 dividing the blocks, k a multiple of 128 and "
+                             "blocks of 8 rows")
         if len(self.tiers) > MAX_TIERS:
             raise ValueError(f"{len(self.tiers)} tiers; one launch serves at most {MAX_TIERS}")
         self.check_tiling()
@@ -206,13 +220,12 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
         wreg, xreg = chunk_registers(geo, cfg)
         wfirst = load_chunk_weights(tw0, c_safe, tile0, funnels, geo, cfg)
         cute.arch.griddepcontrol_wait()
-        xsrc = xw
         x_base = x_row_base
-        row_keep = None
         if cutlass.const_expr(cfg.rotate_in):
             # rotate_in's arithmetic for this block's one live row (row 0; rows 1.. are
-            # padding: zero fragments, scale 1), element for element, so the result is
-            # bitwise the separate kernel's: x * suh, the row's power-of-two scale, H128.
+            # padding: scale 1, their B columns read row 0's words), element for element, so
+            # the result is bitwise the separate kernel's: x * suh, the row's power-of-two
+            # scale, H128.
             blocks = row_blocks(cfg.k, warp, cfg.warps)
             vals, amax = rotation_inputs(
                 xin, suh, (blk // cfg.top_k) * cfg.k + 4 * lane,
@@ -223,27 +236,46 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
                 scale[plane * cfg.rows + row0 + tid] = cutlass.select_(tid == 0, s,
                                                                        Float32(1.0))
             inv = power_of_two_inverse(s)
-            xs = cutlass.memory.SmemAllocator().allocate_tensor(
-                Float16, cute.make_layout(cfg.k), 16)
-            store_rotated(vals, blocks, inv, lane, xs, 0)
+            xs = cutlass.memory.SmemAllocator().allocate_tensor(        # one word per column
+                Float16, cute.make_layout(2 * cfg.k), 16)
+            store_rotated(vals, blocks, inv, lane, xs, 0, token_fragment_word)
             cute.arch.sync_threads()
             xsrc = cute.recast_tensor(xs, Uint32)
-            x_base = lane % 4                 # the one row in shared memory
-            row_keep = lane // 4 == 0         # B rows 1..7: padding, zero
+            x_base = token_fragment_word(0) + (lane % 4) * B_REGS
         first_keep = c_first < k_end
-        if cutlass.const_expr(cfg.rotate_in):
-            first_keep = first_keep & row_keep
-        store_chunk(wreg, xreg, wfirst,
-                    load_chunk_x_words(xsrc, c_safe, x_base, cfg, keep=first_keep))
         xsum = mul1_sums(cfg)
-        for c0 in cutlass.range(c_first + chunk, k_end, chunk):
-            wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
-            xnext = load_chunk_x_words(xsrc, c0, x_base, cfg, keep=row_keep)
+        if cutlass.const_expr(cfg.rotate_in):
+            # The row is in shared memory: each chunk's x words are loaded as the chunk is
+            # decoded (a short latency), not carried across iterations as the weights are
+            # (CPU-compiled, Qwen3-30B-A3B K4: 54-62 registers; 108-111 when carried, 80 for
+            # the row-major row with its byte permutes and padding-row selects).
+            store_chunk(wreg, xreg, wfirst, [])
+            for c0 in cutlass.range(c_first + chunk, k_end, chunk):
+                wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
+                wbuf, _ = chunk_operands(wreg, xreg, geo, cfg)
+                bfrag = fragments_of_words(
+                    load_chunk_x_words(xsrc, c0 - chunk, x_base, cfg, shared=True), cfg)
+                mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+                store_chunk(wreg, xreg, wnext, [])
+            # The chunk left in wreg: the warp's last, or c_safe times zeros if it has none.
+            span = cutlass.max(k_end - 1 - c_first, Int32(0))
+            c_last = cutlass.min(c_first + span // chunk * chunk, cfg.k16 - cfg.unroll)
+            wbuf, _ = chunk_operands(wreg, xreg, geo, cfg)
+            bfrag = fragments_of_words(
+                load_chunk_x_words(xsrc, c_last, x_base, cfg, keep=first_keep, shared=True),
+                cfg)
+            mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+        else:
+            store_chunk(wreg, xreg, wfirst,
+                        load_chunk_x_words(xw, c_safe, x_base, cfg, keep=first_keep))
+            for c0 in cutlass.range(c_first + chunk, k_end, chunk):
+                wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
+                xnext = load_chunk_x_words(xw, c0, x_base, cfg)
+                wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
+                mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+                store_chunk(wreg, xreg, wnext, xnext)
             wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
             mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
-            store_chunk(wreg, xreg, wnext, xnext)
-        wbuf, bfrag = chunk_operands(wreg, xreg, geo, cfg)
-        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
         mul1_affine(acc, xsum, cfg)
     else:
         tier = Int32(etier[e_safe])
