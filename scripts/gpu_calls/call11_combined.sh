@@ -1,0 +1,24 @@
+# Call 11 (~9.5 min): session 22's three levers in one call, timed only (validation follows in
+# a later call for whatever wins):
+#  1. the MoE FC1 one-token row (0060169) against the tree before it (prev): Qwen3-30B-A3B
+#     m = 1..8, here / prev / here. Prediction: FC1 -1 to -1.5 us, the layer at m = 1
+#     24.8 -> 23-24 us.
+#  2. split pairs over 3 token groups (EXL3_JAX_SPLIT_GROUPS) at m = 16 and 24, mcg K3 / K4.
+#     Prediction: m = 16 8192x28672 K4 94-105 -> 70-85 us if the ALU binds (-35% ALU ops).
+#  3. the wgmma kernel with A from shared memory (2 / 4 warpgroups) against register A at
+#     8192x28672 m = 128 and 1024, K4 mcg. Prediction (session 21): m = 128 209 -> 120-160 us,
+#     m = 1024 1214 -> 650-800 us with 4 warpgroups.
+CALL=call11
+bench_moe here 11_moe_here 70; bench_moe prev 11_moe_prev 70; bench_moe here 11_moe_here2 70
+tree here
+for m in 16 24; do
+    EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m $m --out $RES/11_ab_split_$m.json > $RES/11_ab_split_$m.log 2>&1
+    t "ab split m=$m rc=$?"; grep '^{' $RES/11_ab_split_$m.log | cut -c1-220; save
+done
+sh=8192x28672; k=8192; n=28672
+for m in 128 1024; do
+    A=$(wgmma_tiling $m $k $n 0); B=$(wgmma_tiling $m $k $n 1); C=$(wgmma_tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
+    EXL3_JAX_PLAN=wgmma timeout 60 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg --m $m --out $RES/11_smem_$m.json > $RES/11_smem_$m.log 2>&1
+    t "a_smem $sh m=$m ($V) rc=$?"; grep '^{' $RES/11_smem_$m.log | cut -c1-200; save
+done
+t done
