@@ -128,14 +128,17 @@ class GroupedMmaConfig(MmaTiling):
     @property
     def x_layout(self) -> str:
         """Row-major fp16 pairs (the route-packed rows; a split-pair B register costs a byte
-        permute, the fp16 into both halves), except in FC1 of a per-route plan (rotate_in):
-        its one rotated row lies in shared memory in the dense kernel's one-token order
-        (trellis_geometry.token_fragment_word, each fp16 in both halves): one 16-byte load per
-        lane and k16 step, no permutes, and every lane reads token 0's words, so the padding
-        rows' partials are copies of row 0's, which the activation kernel zeroes as it does
-        any padding row. (FC2 reading the activation's rows in that order, CPU-compiled for
-        Qwen3-30B-A3B K4 mcg: -7% instructions per chunk, 76 -> 95 registers; not taken.)"""
-        return "token" if self.rotate_in else "rows"
+        permute, the fp16 into both halves), except where a block is one route (per-route
+        plans, one slab: FC1 with rotate_in, FC2 with one_row): the block's row in the dense
+        kernel's one-token order (trellis_geometry.token_fragment_word, each fp16 in both
+        halves), held in shared memory (FC1 rotates it there; FC2 copies it from the
+        activation kernel's output, written in that order: GlueConfig.token). One 16-byte load
+        per lane and k16 step, no permutes; every lane reads token 0's words, so the padding
+        rows' partials are copies of row 0's, which the activation kernel zeroes (FC1) and the
+        combine never reads (FC2)."""
+        if self.rotate_in or (self.one_row and not self.tiers and self.split_pairs):
+            return "token"
+        return "rows"
 
     @property
     def m_tile(self) -> int:
@@ -221,6 +224,8 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
         wfirst = load_chunk_weights(tw0, c_safe, tile0, funnels, geo, cfg)
         cute.arch.griddepcontrol_wait()
         x_base = x_row_base
+        if cutlass.const_expr(cfg.x_layout == "token"):     # the row, one word per column
+            x_base = token_fragment_word(0) + (lane % 4) * B_REGS
         if cutlass.const_expr(cfg.rotate_in):
             # rotate_in's arithmetic for this block's one live row (row 0; rows 1.. are
             # padding: scale 1, their B columns read row 0's words), element for element, so
@@ -236,15 +241,27 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
                 scale[plane * cfg.rows + row0 + tid] = cutlass.select_(tid == 0, s,
                                                                        Float32(1.0))
             inv = power_of_two_inverse(s)
-            xs = cutlass.memory.SmemAllocator().allocate_tensor(        # one word per column
+            xh = cutlass.memory.SmemAllocator().allocate_tensor(
                 Float16, cute.make_layout(2 * cfg.k), 16)
-            store_rotated(vals, blocks, inv, lane, xs, 0, token_fragment_word)
+            store_rotated(vals, blocks, inv, lane, xh, 0, token_fragment_word)
             cute.arch.sync_threads()
-            xsrc = cute.recast_tensor(xs, Uint32)
-            x_base = token_fragment_word(0) + (lane % 4) * B_REGS
+            xs = cute.recast_tensor(xh, Uint32)
+        if cutlass.const_expr(cfg.x_layout == "token" and not cfg.rotate_in):
+            # FC2: the activation kernel's row (already in this order) into shared memory.
+            src = (plane * cfg.rows + row0) * cfg.k
+            xs = cutlass.memory.SmemAllocator().allocate_tensor(Uint32, cute.make_layout(cfg.k),
+                                                                16)
+            for i in cutlass.range_constexpr(-(-cfg.k // cfg.threads)):
+                idx = tid + i * cfg.threads
+                if cutlass.const_expr((i + 1) * cfg.threads <= cfg.k):
+                    xs[idx] = xw[src + idx]
+                else:
+                    if idx < cfg.k:
+                        xs[idx] = xw[src + idx]
+            cute.arch.sync_threads()
         first_keep = c_first < k_end
         xsum = mul1_sums(cfg)
-        if cutlass.const_expr(cfg.rotate_in):
+        if cutlass.const_expr(cfg.x_layout == "token"):
             # The row is in shared memory: each chunk's x words are loaded as the chunk is
             # decoded (a short latency), not carried across iterations as the weights are
             # (CPU-compiled, Qwen3-30B-A3B K4: 54-62 registers; 108-111 when carried, 80 for
@@ -254,7 +271,7 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
                 wnext = load_chunk_weights(tw0, c0, tile0, funnels, geo, cfg)
                 wbuf, _ = chunk_operands(wreg, xreg, geo, cfg)
                 bfrag = fragments_of_words(
-                    load_chunk_x_words(xsrc, c0 - chunk, x_base, cfg, shared=True), cfg)
+                    load_chunk_x_words(xs, c0 - chunk, x_base, cfg, shared=True), cfg)
                 mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
                 store_chunk(wreg, xreg, wnext, [])
             # The chunk left in wreg: the warp's last, or c_safe times zeros if it has none.
@@ -262,7 +279,7 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             c_last = cutlass.min(c_first + span // chunk * chunk, cfg.k16 - cfg.unroll)
             wbuf, _ = chunk_operands(wreg, xreg, geo, cfg)
             bfrag = fragments_of_words(
-                load_chunk_x_words(xsrc, c_last, x_base, cfg, keep=first_keep, shared=True),
+                load_chunk_x_words(xs, c_last, x_base, cfg, keep=first_keep, shared=True),
                 cfg)
             mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
         else:
@@ -344,6 +361,7 @@ class GlueConfig(HadamardConfig):
     valid_cols: int = 0    # activation: logical I (columns beyond are zeroed)
     top_k: int = 1
     scaled: bool = False   # activation: x_scale given
+    token: bool = False    # activation: rows in FC2's one-token order (GroupedMmaConfig.x_layout)
     per_route: int = 0     # per-route packing's block_m: rows derived from the flat ids (0: tables)
 
     @property
@@ -465,7 +483,10 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
     if tid == 0:
         scale2[row] = s
     inv = power_of_two_inverse(s)
-    store_rotated(hs, blocks, inv, lane, out, row * cfg.width)
+    if cutlass.const_expr(cfg.token):
+        store_rotated(hs, blocks, inv, lane, out, row * cfg.width * 2, token_fragment_word)
+    else:
+        store_rotated(hs, blocks, inv, lane, out, row * cfg.width)
 
 
 @cute.kernel
@@ -761,7 +782,7 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
     cfg = MoeLayerConfig(
         rotate=_per_row(2 * kr.rows, H, planes=2, **fields), fc1=cfg1,
         act=_per_row(kr.rows, I, splits=cfg1.splits, valid_cols=valid_cols, scaled=scaled,
-                     **fields),
+                     token=cfg2.x_layout == "token", **fields),
         fc2=cfg2,
         combine=GlueConfig(rows=T, valid=T, width=H, splits=cfg2.splits, part_rows=kr.rows,
                            **fields),
@@ -777,7 +798,8 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
     nxh = 2 if cfg1.rotate_in else 2 * kr.rows * H      # (FC1 keeps its rotated row on chip)
     shapes = (sds((n1,), jnp.float32), sds((n2,), jnp.float32), sds((T * H,), jnp.float32),
               sds((nxh,), jnp.float16), sds((2 * kr.rows,), jnp.float32),
-              sds((kr.rows * I,), jnp.float16), sds((kr.rows,), jnp.float32))
+              sds((kr.rows * I * (2 if cfg2.x_layout == "token" else 1),), jnp.float16),
+              sds((kr.rows,), jnp.float32))
     aliases = {}
     if poison:
         aliases = {len(args): 0, len(args) + 1: 1}

@@ -1,8 +1,7 @@
 # Call 11 (~9.5 min): session 22's three levers in one call, timed only (validation follows in
 # a later call for whatever wins):
-#  1. the MoE FC1 one-token row (0060169) against the tree before it (prev): Qwen3-30B-A3B
-#     m = 1..8, here / prev / here. Prediction: FC1 -1 to -1.5 us, the layer at m = 1
-#     24.8 -> 23-24 us.
+#  1. the MoE FC1 / FC2 one-token rows against the tree before them (prev): Qwen3-30B-A3B
+#     m = 1..8, here / prev / here. Prediction: the layer at m = 1 24.8 -> 22.5-23.5 us.
 #  2. split pairs over 3 token groups (EXL3_JAX_SPLIT_GROUPS) at m = 16 and 24, mcg K3 / K4.
 #     Prediction: m = 16 8192x28672 K4 94-105 -> 70-85 us if the ALU binds (-35% ALU ops).
 #  3. the wgmma kernel with A from shared memory (2 / 4 warpgroups) against register A at
