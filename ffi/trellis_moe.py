@@ -247,17 +247,20 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             cute.arch.sync_threads()
             xs = cute.recast_tensor(xh, Uint32)
         if cutlass.const_expr(cfg.x_layout == "token" and not cfg.rotate_in):
-            # FC2: the activation kernel's row (already in this order) into shared memory.
-            src = (plane * cfg.rows + row0) * cfg.k
+            # FC2: this split's part of the activation kernel's row (already in this order)
+            # into shared memory (at the row's own word offsets).
+            words = cfg.k_per_split * 16
+            first = k0 * 16
+            src = (plane * cfg.rows + row0) * cfg.k + first
             xs = cutlass.memory.SmemAllocator().allocate_tensor(Uint32, cute.make_layout(cfg.k),
                                                                 16)
-            for i in cutlass.range_constexpr(-(-cfg.k // cfg.threads)):
+            for i in cutlass.range_constexpr(-(-words // cfg.threads)):
                 idx = tid + i * cfg.threads
-                if cutlass.const_expr((i + 1) * cfg.threads <= cfg.k):
-                    xs[idx] = xw[src + idx]
+                if cutlass.const_expr((i + 1) * cfg.threads <= words):
+                    xs[first + idx] = xw[src + idx]
                 else:
-                    if idx < cfg.k:
-                        xs[idx] = xw[src + idx]
+                    if idx < words:
+                        xs[first + idx] = xw[src + idx]
             cute.arch.sync_threads()
         first_keep = c_first < k_end
         xsum = mul1_sums(cfg)

@@ -191,6 +191,16 @@ BUGS = {
         dict(EXL3_JAX_WGMMA="64,2,2,0,4,1,1"),
         ["1", json.dumps([("mcg", 3, 1024, 256, 50, "wgmma")])],
         "shared bytes overwritten while a wgmma reads them"),
+    "moe-fc2-row-read-before-the-copy-barrier": (
+        # a per-route plan (one token, top-2 of 8) whose FC2 warps read words other warps
+        # copied (I = 768: 4 warps of one k16 step per chunk)
+        "trellis_moe.py",
+        "                        xs[first + idx] = xw[src + idx]\n"
+        "            cute.arch.sync_threads()\n",
+        "                        xs[first + idx] = xw[src + idx]\n",
+        MOE.replace("draw_tokens(rng, 3,", "draw_tokens(rng, 1,").replace(
+            "random_moe(rng, 8, 512, 256,", "random_moe(rng, 8, 512, 768,"), {}, [],
+        "shared-memory race"),
     "moe-combine-without-pdl-wait": (
         "trellis_moe.py",
         "    cute.arch.griddepcontrol_wait()            # FC2's partials, activation's row scales\n",
