@@ -256,11 +256,8 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
                                                                 16)
             for i in cutlass.range_constexpr(-(-words // cfg.threads)):
                 idx = tid + i * cfg.threads
-                if cutlass.const_expr((i + 1) * cfg.threads <= words):
+                if idx < words:
                     xs[first + idx] = xw[src + idx]
-                else:
-                    if idx < words:
-                        xs[first + idx] = xw[src + idx]
             cute.arch.sync_threads()
         first_keep = c_first < k_end
         xsum = mul1_sums(cfg)

@@ -195,9 +195,9 @@ BUGS = {
         # a per-route plan (one token, top-2 of 8) whose FC2 warps read words other warps
         # copied (I = 768: 4 warps of one k16 step per chunk)
         "trellis_moe.py",
-        "                        xs[first + idx] = xw[src + idx]\n"
+        "                    xs[first + idx] = xw[src + idx]\n"
         "            cute.arch.sync_threads()\n",
-        "                        xs[first + idx] = xw[src + idx]\n",
+        "                    xs[first + idx] = xw[src + idx]\n",
         MOE.replace("draw_tokens(rng, 3,", "draw_tokens(rng, 1,").replace(
             "random_moe(rng, 8, 512, 256,", "random_moe(rng, 8, 512, 768,"), {}, [],
         "shared-memory race"),

@@ -6,8 +6,5 @@
 CALL=call10
 EXL3_JAX_SPLIT_GROUPS=3 EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm,group --group --m 9,16,24,32 --budget-s 60 --out $RES/10_validate_split.json > $RES/10_validate_split.log 2>&1
 t "validate split groups rc=$?"; grep SUMMARY $RES/10_validate_split.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/10_validate_split.log | head -4 | cut -c1-300; save
-for m in 16 12 24; do
-    EXL3_JAX_PLAN=decode timeout 100 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m $m --out $RES/10_ab_split_$m.json > $RES/10_ab_split_$m.log 2>&1
-    t "ab split m=$m rc=$?"; grep '^{' $RES/10_ab_split_$m.log | cut -c1-220; save
-done
+for m in 16 12 24; do ab_split_groups 10_ab_split_$m $m; done
 t done

@@ -10,14 +10,6 @@
 CALL=call11
 bench_moe here 11_moe_here 70; bench_moe prev 11_moe_prev 70; bench_moe here 11_moe_here2 70
 tree here
-for m in 16 24; do
-    EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m $m --out $RES/11_ab_split_$m.json > $RES/11_ab_split_$m.log 2>&1
-    t "ab split m=$m rc=$?"; grep '^{' $RES/11_ab_split_$m.log | cut -c1-220; save
-done
-sh=8192x28672; k=8192; n=28672
-for m in 128 1024; do
-    A=$(wgmma_tiling $m $k $n 0); B=$(wgmma_tiling $m $k $n 1); C=$(wgmma_tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
-    EXL3_JAX_PLAN=wgmma timeout 60 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg --m $m --out $RES/11_smem_$m.json > $RES/11_smem_$m.log 2>&1
-    t "a_smem $sh m=$m ($V) rc=$?"; grep '^{' $RES/11_smem_$m.log | cut -c1-200; save
-done
+for m in 16 24; do ab_split_groups 11_ab_split_$m $m; done
+for m in 128 1024; do ab_a_smem 11_smem_$m $m; done
 t done

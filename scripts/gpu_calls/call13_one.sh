@@ -8,14 +8,8 @@ bench_moe here 13_moe_here 70; bench_moe prev 13_moe_prev 70
 tree here
 timeout 130 python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 110 --sections decode_bitwise,edge,accuracy,geometry --out $RES/13_validate_moe.json > $RES/13_validate_moe.log 2>&1
 t "validate moe rc=$?"; grep -i "summary\|FAIL\|Traceback" $RES/13_validate_moe.log | head -8 | cut -c1-300; save
-EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m 16 --out $RES/13_ab_split_16.json > $RES/13_ab_split_16.log 2>&1
-t "ab split m=16 rc=$?"; grep '^{' $RES/13_ab_split_16.log | cut -c1-220; save
-sh=8192x28672; k=8192; n=28672
-for m in 128 1024; do
-    A=$(wgmma_tiling $m $k $n 0); B=$(wgmma_tiling $m $k $n 1); C=$(wgmma_tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
-    EXL3_JAX_PLAN=wgmma timeout 60 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg --m $m --out $RES/13_smem_$m.json > $RES/13_smem_$m.log 2>&1
-    t "a_smem $sh m=$m ($V) rc=$?"; grep '^{' $RES/13_smem_$m.log | cut -c1-200; save
-done
+ab_split_groups 13_ab_split_16 16
+for m in 128 1024; do ab_a_smem 13_smem_$m $m; done
 bench_moe here 13_moe_here2 70
 tree here
 source scripts/gpu_calls/call9_ncu_source.sh

@@ -54,3 +54,17 @@ bench_moe() {
     timeout $3 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/$2.json > $RES/$2.log 2>&1
     t "bench moe $2 rc=$?"; grep -v -i warn $RES/$2.log | tail -8 | cut -c1-160; save
 }
+# `ab_split_groups TAG M`: packed vs split pairs over 3 token groups (EXL3_JAX_SPLIT_GROUPS 1 | 3,
+# twice) in the decode plan, the two large shapes, mcg K3 and K4, m = M.
+ab_split_groups() {
+    EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
+    t "ab split groups m=$2 rc=$?"; grep '^{' $RES/$1.log | cut -c1-220; save
+}
+# `ab_a_smem TAG M`: the wgmma kernel's A from registers vs from shared memory with 2 and 4
+# warpgroups (twice each), 8192x28672 K4 mcg, m = M.
+ab_a_smem() {
+    local k=8192 n=28672 A B C
+    A=$(wgmma_tiling $2 $k $n 0); B=$(wgmma_tiling $2 $k $n 1); C=$(wgmma_tiling $2 $k $n 1 4)
+    EXL3_JAX_PLAN=wgmma timeout 60 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$A|$B|$C|$A|$B|$C" --shapes ${k}x$n --K 4 --codebooks mcg --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
+    t "a_smem ${k}x$n m=$2 ($A|$B|$C) rc=$?"; grep '^{' $RES/$1.log | cut -c1-200; save
+}
