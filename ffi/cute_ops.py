@@ -324,6 +324,21 @@ def load_shared_words_v4(words, index, offset: int = 0):
 
 
 @dsl_user_op
+def _st_global_v4(addr, values, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)]
+                    + [Uint32(v).ir_value(loc=loc, ip=ip) for v in values],
+                    "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def store_words_v4(words, index, values):
+    """words[index .. index + 3] = values (4 Uint32) of a global uint32 tensor as one 16-byte
+    store (STG.E.128; index a multiple of 4)."""
+    _st_global_v4(words.iterator.toint() + Int64(index) * 4, values)
+
+
+@dsl_user_op
 def permute_bytes(a, b, selector, *, loc=None, ip=None) -> Uint32:
     """prmt.b32 of (a, b): byte i of the result is byte (selector >> 4 i) & 7 of b:a; selector
     a Python int (an immediate) or a DSL integer (a register, e.g. lane-dependent)."""
@@ -387,5 +402,5 @@ def hadamard128_lane(v, lane):
 __all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cta_thread_ids",
            "decode_halves", "decode_pair", "decode_words", "decode_words_split", "half_in_both",
            "hadamard128_lane", "high_half", "lane_funnels", "lane_states", "load_tile_words",
-           "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes",
+           "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes", "store_words_v4",
            "times_power_of_two", "warp_task"]

@@ -7,10 +7,10 @@ Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.pl
   2. decode plan (m <= 32): the decode+MMA kernel (ffi/trellis_mma.py) -> fp32 partials per
      K-split; wgmma plan (Hopper, 25 <= m <= 128): the warpgroup-MMA kernel
      (ffi/trellis_wgmma.py), partials or, with one K-split, y itself (step 3 in its epilogue);
-     prefill plan: the dequantize kernel (ffi/trellis_dequant.py) writes W_hat^T fp16, then an
-     XLA dot with fp32 accumulation;
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
-Three launches for a decode step (four for prefill). One token (m = 1, the batch-1 decode step)
+Three launches for a decode step. The prefill plan has no transforms: the dequantize kernel
+(ffi/trellis_dequant.py) writes the layer's weight itself (both Hadamards, suh and svh folded in)
+as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s: prefill_scale). One token (m = 1, the batch-1 decode step)
 runs as one custom call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA
 rotates its own k range of the row, and the output transform is chained behind it).
 EXL3_JAX_TRANSFORMS=xla does steps 1 and 3 with jnp instead (the reference arithmetic; kept for
@@ -344,10 +344,10 @@ def tiles_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=Non
                         compile_options=_cute_options())(*args)
 
 
-def _dequant_config(weight: Exl3Weight, plan: TrellisPlan):
+def _dequant_config(weight: Exl3Weight, rotate: bool):
     from .trellis_dequant import DequantConfig
     return DequantConfig(codebook=weight.codebook, K=weight.K, k=weight.k, n=weight.n,
-                         warps=plan.dq_warps, k_tiles=plan.dq_k_tiles).validate()
+                         rotate=rotate).validate()
 
 
 def mma_partials_words(xw, weight: Exl3Weight, plan: TrellisPlan, out_init=None):
@@ -535,27 +535,58 @@ def hadamard_out(part, svh, bias, scale, *, m: int, m_pad: int, splits: int, n: 
     return y.reshape(m, n)
 
 
-def dequantize_transposed(weight: Exl3Weight, plan: TrellisPlan, out_init=None):
-    """Dequantize kernel: W_hat^T as float16 [n, k] (bit-exact decode).
+PREFILL_LIMIT_LOG2 = 15  # the prefill plan's fp16 operand: max|x| / s <= 2^15 over the batch
 
-    out_init: optional uint32 [n * k/2] buffer written in place (see mma_partials).
-    """
+
+def prefill_scale(x):
+    """float32 [1]: the smallest power of two s >= max|x| / 2^PREFILL_LIMIT_LOG2 over the whole
+    batch, at least 1 (exponent arithmetic as row_scale), so fp16(x / s) cannot overflow. The
+    dequantize kernel multiplies the weight by s, so y = fp16(x / s) @ (W * s) needs no pass
+    over y; W * s overflows fp16 only where |W| * max|x| exceeds ~2^30."""
+    amax = jnp.max(jnp.abs(jnp.asarray(x, jnp.float32))).reshape(1)
+    bits = lax.bitcast_convert_type(amax, jnp.int32)
+    bits = ((bits + 0x7FFFFF) & 0x7F800000) - (PREFILL_LIMIT_LOG2 << 23)
+    return lax.bitcast_convert_type(jnp.maximum(bits, 0x3F800000), jnp.float32)
+
+
+def dequantize_f16(weight: Exl3Weight, *, rotate: bool, scale=None, out_init=None):
+    """Dequantize kernel (ffi/trellis_dequant.py): float16 [k, n].
+
+    rotate=False: W_hat, the rotated-basis weight (bit-exact decode); rotate=True: the layer's
+    weight diag(suh) had128(W_hat) diag(svh) times ``scale`` (float32 [1], default 1), so that
+    x @ it is the linear without its bias. out_init: optional uint32 [k * n/2] buffer written in
+    place (validation: NaN-filled, so unwritten elements show)."""
     from cutlass.jax import cutlass_call
 
     from .trellis_dequant import launch_trellis_dequant
 
-    cfg = _dequant_config(weight, plan)
-    tw = trellis_words(weight.trellis)
-    shape = jax.ShapeDtypeStruct((cfg.n * cfg.k // 2,), jnp.uint32)
+    cfg = _dequant_config(weight, rotate)
+    scale = jnp.ones((1,), jnp.float32) if scale is None else jnp.asarray(scale, jnp.float32)
+    svh_words = lax.bitcast_convert_type(
+        jnp.asarray(weight.svh, jnp.float16).reshape(cfg.n // 2, 2), jnp.uint32)
+    args = (trellis_words(weight.trellis), jnp.asarray(weight.suh, jnp.float16), svh_words,
+            scale.reshape(1))
+    shape = jax.ShapeDtypeStruct((cfg.k * cfg.n // 2,), jnp.uint32)
     if out_init is None:
         out = cutlass_call(launch_trellis_dequant, output_shape_dtype=shape, cfg=cfg,
-                           compile_options=_cute_options())(tw)
+                           compile_options=_cute_options())(*args)
     else:
         out = cutlass_call(launch_trellis_dequant, output_shape_dtype=shape,
-                           input_output_aliases={1: 0}, cfg=cfg,
-                           compile_options=_cute_options())(tw, out_init)
-    return lax.bitcast_convert_type(out.reshape(cfg.n, cfg.k // 2), jnp.float16).reshape(
-        cfg.n, cfg.k)
+                           input_output_aliases={4: 0}, cfg=cfg,
+                           compile_options=_cute_options())(*args, out_init)
+    return lax.bitcast_convert_type(out.reshape(cfg.k, cfg.n // 2), jnp.float16).reshape(
+        cfg.k, cfg.n)
+
+
+def prefill_matmul(x2, weight: Exl3Weight, *, poison: bool = False):
+    """The prefill plan: y = fp16(x / s) @ (W * s) + bias, float32 [m, n] (x2: float [m, k]).
+    One dequantize launch and one XLA dot; no transform kernels."""
+    s = prefill_scale(x2)
+    x16 = (jnp.asarray(x2, jnp.float32) / s).astype(jnp.float16)
+    init = jnp.full((weight.k * weight.n // 2,), np.uint32(0x7E007E00)) if poison else None
+    w = dequantize_f16(weight, rotate=True, scale=s, out_init=init)
+    y = lax.dot_general(x16, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return y if weight.bias is None else y + jnp.asarray(weight.bias, jnp.float32)
 
 
 def rotated_matmul(xh, weight: Exl3Weight, plan: TrellisPlan, *, poison: bool = False):
@@ -576,9 +607,9 @@ def rotated_matmul(xh, weight: Exl3Weight, plan: TrellisPlan, *, poison: bool = 
                 else None)
         part = tiles_partials_words(_f16_pairs(xh, cfg.m_pad), weight, plan, out_init=init)
         return jnp.sum(part.reshape(cfg.splits, cfg.m_pad, cfg.n), axis=0)[:plan.m]
-    init = jnp.full((weight.n * weight.k // 2,), np.uint32(0x7E007E00)) if poison else None
-    wt = dequantize_transposed(weight, plan, out_init=init)
-    return lax.dot_general(jnp.asarray(xh, jnp.float16), wt, (((1,), (1,)), ((), ())),
+    init = jnp.full((weight.k * weight.n // 2,), np.uint32(0x7E007E00)) if poison else None
+    w_hat = dequantize_f16(weight, rotate=False, out_init=init)
+    return lax.dot_general(jnp.asarray(xh, jnp.float16), w_hat, (((1,), (0,)), ((), ())),
                            preferred_element_type=jnp.float32)
 
 
@@ -641,11 +672,7 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
             y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
                              splits=cfg.splits, n=weight.n)
     else:
-        xh, scale = hadamard_in(x2, weight.suh, m)
-        yp = lax.dot_general(xh.reshape(m, weight.k), dequantize_transposed(weight, plan),
-                             (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        y = hadamard_out(yp.reshape(-1), weight.svh, weight.bias, scale, m=m, m_pad=m,
-                         splits=1, n=weight.n)
+        y = prefill_matmul(x2, weight)
     return y.reshape(*lead, weight.n)
 
 
@@ -707,11 +734,12 @@ def trellis_matmul_group_gpu(x, weights):
 
 
 __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decode_input_words",
-           "dequantize_transposed", "group_supported", "hadamard_in", "hadamard_out",
+           "dequantize_f16", "group_supported", "hadamard_in", "hadamard_out",
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
            "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
-           "output_transform", "pair_fragment_words", "plan_for", "rotated_matmul", "row_scale",
+           "output_transform", "pair_fragment_words", "plan_for", "prefill_matmul", "prefill_scale",
+           "rotated_matmul", "row_scale",
            "supports",
            "tiles_partials_words", "token_fragment_words", "trellis_matmul_gpu",
            "trellis_words"]

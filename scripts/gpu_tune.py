@@ -77,30 +77,25 @@ def decode_rows(k, n, cb, K, m, deadline):
 
 
 def prefill_rows(k, n, cb, K, m):
+    """The prefill plan's parts timed alone: the batch scale and fp16 operand, the dequantize
+    kernel (the layer's weight, rotations folded in), the fp16 dot, against a bf16 dot."""
     w = gb.random_weight(k, n, K, cb)
-    plan = select_plan(m, k, n)
+    plan = select_plan(m, k, n, force="prefill")
     x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
     xh = x.astype(jnp.float16)
-    wt = tg.dequantize_transposed(w, plan)
-    wb = wt.T.astype(jnp.bfloat16)
+    wf = tg.dequantize_f16(w, rotate=True)
+    wb = wf.astype(jnp.bfloat16)
     row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(plan)}
-    row["full_cute"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w), (x, w), m, k, n)
-    row["dot_f16_nt_f32"] = us(lambda a, b: jax.lax.dot_general(
-        a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32), (xh, wt), m, k, n)
+    row["full_cute"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=plan), (x, w), m, k, n)
+    row["operand"] = us(lambda x: (x.astype(jnp.float32) / tg.prefill_scale(x)).astype(
+        jnp.float16), (x,), m, k, n)
+    row["dot_f16_f32"] = us(lambda a, b: jax.lax.dot_general(
+        a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32), (xh, wf), m, k, n)
     row["dot_bf16"] = us(lambda a, b: jnp.dot(a, b), (x, wb), m, k, n)
-    row["had_in"] = us(lambda x, s: tg.hadamard_in(x, s, m)[0], (x, w.suh), m, k, n)
-    row["had_out"] = us(lambda p, v: tg.hadamard_out(p, v, None, None, m=m, m_pad=m, splits=1,
-                                                     n=n),
-                        (jnp.zeros((m * n,), jnp.float32), w.svh), m, k, n)
-    row["dequant"] = {}
-    for warps, kt in ((8, 4), (8, 2), (8, 1), (4, 8), (8, 8)):
-        p = dataclasses.replace(plan, dq_warps=warps, dq_k_tiles=kt)
-        if (k // 16) % (warps * kt):
-            continue
-        row["dequant"][f"w{warps}_kt{kt}"] = us(
-            lambda t, w: tg.dequantize_transposed(
-                type(w)(t, w.suh, w.svh, w.bias, w.codebook, w.K, w.in_features,
-                        w.out_features), p), (w.trellis, w), 1, k, n)
+    row["dequant"] = us(
+        lambda t, w: tg.dequantize_f16(type(w)(t, w.suh, w.svh, w.bias, w.codebook, w.K,
+                                               w.in_features, w.out_features), rotate=True),
+        (w.trellis, w), 1, k, n)
     return row
 
 

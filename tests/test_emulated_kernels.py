@@ -78,6 +78,8 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
     assert len(exact) == 8
     for row in exact:      # dequantize, decode (32 rows and m = 1), tiles, wgmma (A: regs, smem)
         assert row["dequant_bit_exact"] and row["mma_bit_exact"], row
+        # the prefill weight (rotations folded in): fp16 rounding only, emulated ~5e-4
+        assert row["dequant_rotated_ok"] and 1e-5 < row["dequant_rotated_rel"] <= 8e-4, row
         assert row["token_tiles_bit_exact"] and row["wgmma_mismatches"] == 0, row
         assert row["wgmma_smem_mismatches"] == 0, row
     gemm = sections["gemm"]["result"]

@@ -30,7 +30,8 @@ from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_f
                                            row_fragment_slot, supported_rates,
                                            token_fragment_word)
 from exl3_jax.ops import plans
-from exl3_jax.trellis import Exl3Weight, decode_trellis, linear_reference, tile_perm, unpack_states
+from exl3_jax.trellis import (Exl3Weight, decode_trellis, dequantize, linear_reference, tile_perm,
+                             unpack_states)
 
 
 def random_weight(rng, k, n, K, codebook, bias=False):
@@ -128,8 +129,7 @@ def test_plan_selection(k, n, hopper):
         if hopper and m <= 128:
             assert p == plans.select_plan(m, k, n, force="wgmma")
             continue
-        assert p.kind == "prefill"
-        assert (k // 16) % (p.dq_warps * p.dq_k_tiles) == 0
+        assert p == plans.TrellisPlan("prefill", m)   # the dequantize grid is fixed
     # Static and deterministic: a decode loop at fixed m always gets the same plan (no
     # recompiles), and m = 1..8 share one binary (the kernel config does not contain m).
     assert plans.select_plan(5, k, n) == plans.select_plan(5, k, n)
@@ -623,7 +623,8 @@ def test_hadamard_configs_split_rows_and_name_members():
 @pytest.fixture
 def emulated_kernels(monkeypatch):
     """Replace the CuTe calls by jnp code with the same contracts (flat layouts, K-split
-    partials, zero padded rows, W_hat^T, transforms), so everything around them runs on CPU."""
+    partials, zero padded rows, W_hat or the fp16 layer weight, transforms), so everything
+    around them runs on CPU."""
     from exl3_jax.trellis import hadamard128
     calls = []
 
@@ -667,10 +668,13 @@ def emulated_kernels(monkeypatch):
             return tg.output_transform(parts[0], w.svh, w.bias, scale[:, None]).reshape(-1)
         return jnp.stack(parts).reshape(-1)
 
-    def dequantize_transposed(w, plan, out_init=None):
-        cfg = tg._dequant_config(w, plan)
+    def dequantize_f16(w, *, rotate, scale=None, out_init=None):
+        cfg = tg._dequant_config(w, rotate)
         calls.append(("prefill", cfg))
-        return decode_trellis(w.trellis, w.codebook).T
+        if not rotate:
+            return decode_trellis(w.trellis, w.codebook)
+        s = 1.0 if scale is None else jnp.asarray(scale, jnp.float32)[0]
+        return (dequantize(w.trellis, w.suh, w.svh, w.codebook) * s).astype(jnp.float16)
 
     def hadamard_in(x, suh, m_pad, layout="rows"):
         if isinstance(suh, (list, tuple)):                              # a group's members
@@ -725,7 +729,7 @@ def emulated_kernels(monkeypatch):
                      ("mma_group_partials_words", mma_group_partials_words),
                      ("hadamard_out", hadamard_out),
                      ("tiles_partials_words", tiles_partials_words),
-                     ("dequantize_transposed", dequantize_transposed)):
+                     ("dequantize_f16", dequantize_f16)):
         monkeypatch.setattr(tg, name, fn)
     return calls
 
@@ -778,6 +782,20 @@ def test_row_scale_is_the_smallest_power_of_two(rng):
     np.testing.assert_array_equal(got, want)
     assert got[3] == 1 and got[4] == 2 and got[5] == 2 and got[6] == 4
     assert np.all(amax / got <= 4096) and np.all((amax / got > 2048) | (got == 1))
+
+
+@pytest.mark.parametrize("amax", [0.0, 1.0, 32768.0, 32769.0, 65536.0, 65537.0, 1e6, 3e38])
+def test_prefill_scale_is_the_smallest_power_of_two(rng, amax):
+    # The prefill plan's one scale for the whole batch: the smallest power of two s >= max|x|
+    # / 2^15 with s >= 1, so fp16(x / s) stays finite; exponent arithmetic vs float64 NumPy,
+    # with the maximum placed at a random element, exactly on and just past 2^15 * 2^j.
+    x = (rng.standard_normal((5, 256)) * 1e-3).astype(np.float32)
+    x[rng.integers(5), rng.integers(256)] = np.float32(amax) * rng.choice([-1, 1])
+    got = np.asarray(tg.prefill_scale(x))
+    top = float(np.max(np.abs(x.astype(np.float64))))
+    want = max(1.0, 2.0 ** np.ceil(np.log2(max(top, 1e-300) / 2.0 ** 15)))
+    assert got.shape == (1,) and got[0] == want
+    assert top / got[0] <= 2.0 ** 15 and np.all(np.isfinite((x / got[0]).astype(np.float16)))
 
 
 @pytest.mark.parametrize("m,kind", [(3, "decode"), (3, "prefill")])
@@ -1044,7 +1062,8 @@ def test_compile_cases_cover_the_plan_parameters():
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch, tmp_path):
     # had_in, GEMM kernel, had_out; one token (every m = 1 case here has a row tiling): the row
-    # linear's one call of two kernels. No kernel spills registers to local memory (a register
+    # linear's one call of two kernels; prefill: the dequantize kernel alone (the rotations are
+    # in the weight it writes, XLA runs the dot). No kernel spills registers to local memory (a register
     # cap or a layout change that does is a slowdown no other CPU check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
     keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
@@ -1056,9 +1075,12 @@ def test_compile_only(arch, tmp_path):
         members = tuple(row.get("members", ()))
         one = row["m"] == 1 and row["plan"] == "decode"
         assert not one or row_plan(row["codebook"], row["K"], row["k"], row["n"], members)
-        assert row["custom_call"] and row["calls"] == (1 if one else 3), row
+        prefill = row["plan"] == "prefill"
+        assert row["custom_call"] and row["calls"] == (1 if one or prefill else 3), row
         if one:
             assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row
+        if prefill:
+            assert row["kernels"] == ["_trellis_dequant_kernel"], row
 
 
 @needs_cutlass

@@ -13,8 +13,9 @@ Plan kinds:
   * "wgmma" (Hopper, WGMMA_MIN_M <= m <= WGMMA_MAX_M): the same decode-once-per-token-tile
     scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 32-256.
   * "prefill" (m > DECODE_MAX_M, and m > WGMMA_MAX_M on Hopper): the dequantize kernel writes
-    W_hat^T (fp16) and XLA runs the GEMM. At m >= 1024 it beat the token-tile kernels on the
-    H200 (0.7x bf16 against 0.4-0.5x; bench/NOTES.md, session 20).
+    the layer's weight (fp16, rotations and scales folded in) and XLA runs the GEMM. At
+    m >= 1024 it beat the token-tile kernels on the H200 (0.7x bf16 against 0.4-0.5x, with the
+    transforms still separate; bench/NOTES.md, session 20).
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ class TrellisPlan:
     splits: int = 0
     unroll: int = 0
     min_ctas: int = 0          # CTAs per SM the compiler must fit (caps registers); 0 = no cap
-    # prefill (dequantize kernel) parameters
-    dq_warps: int = 0
-    dq_k_tiles: int = 0
     # wgmma: with one K-split, the output transform in the kernel's epilogue (fused_out); the
     # chunk slots of each warp's weight ring and the wgmmas each warpgroup keeps in flight
     # (trellis_wgmma.WgmmaGemmConfig.weight_ring, .wgmma_depth; 0: the kernel's default)
@@ -96,17 +94,9 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPla
 
 
 def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
-    """Dequantize + XLA dot plan (any m; used for m > 32)."""
-    k16 = k // 16
-    # One tile per warp measured fastest for the dequantize kernel (74 vs 113 us with 4 at
-    # 4096x14336 on the H200): more, shorter-lived warps hide the load latency better.
-    warps, k_tiles = 8, 1
-    while k16 % (warps * k_tiles):
-        if k_tiles > 1:
-            k_tiles //= 2
-        else:
-            warps //= 2
-    return TrellisPlan("prefill", m, dq_warps=warps, dq_k_tiles=k_tiles)
+    """Dequantize + XLA dot plan (any m; used for m > 32). The dequantize kernel's grid is
+    fixed (one CTA per 128 x 128 block, ffi/trellis_dequant.py), so it has no parameters."""
+    return TrellisPlan("prefill", m)
 
 
 def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int,
