@@ -111,21 +111,10 @@ def _f16x2_of(lo, hi, *, loc=None, ip=None) -> Uint32:
     return Uint32(res)
 
 
-def _butterflies8(d):
-    """Unnormalised 8-point Walsh-Hadamard transform across 8 tiles' fp32 fragments
-    (d[t][j][r]), stages on t's bits 0..2 (lo' = lo + hi, hi' = lo - hi). In place."""
-    for b in range(3):
-        for t in range(8):
-            if not t & (1 << b):
-                u = t | (1 << b)
-                for j in range(len(d[t])):
-                    lo, hi = d[t][j], d[u][j]
-                    d[t][j] = [x + y for x, y in zip(lo, hi)]
-                    d[u][j] = [x - y for x, y in zip(lo, hi)]
-
-
 def _f16_butterflies8(regs):
-    """The same across 8 tiles' f16x2 registers (regs[t][r]), add.f16x2 / sub.f16x2."""
+    """Unnormalised 8-point Walsh-Hadamard transform across 8 tiles' f16x2 registers
+    (regs[t][r]), stages on t's bits 0..2 (lo' = lo + hi, hi' = lo - hi), add.f16x2 /
+    sub.f16x2. In place."""
     for b in range(3):
         for t in range(8):
             if not t & (1 << b):
@@ -180,6 +169,16 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
         b_const = [[e, zero], [zero, e]]
     smem = cutlass.memory.SmemAllocator()
     block = smem.allocate_tensor(Uint32, cute.make_layout(BLOCK * ROW_WORDS), 16)
+    # The block's svh pairs go to shared memory with phase 1's loads, and each lane's two suh
+    # values to registers, so phase 2 starts with no global load in its way.
+    svh_block = smem.allocate_tensor(Uint32, cute.make_layout(BLOCK // 2), 16)
+    kr = bk * BLOCK + warp * 16 + g
+    su = [Float32(1.0), Float32(1.0)]
+    if cutlass.const_expr(cfg.rotate):
+        if tid < BLOCK // 2:
+            svh_block[tid] = svh_words[bn * (BLOCK // 2) + tid]
+        s = scale[0] * Float32(2.0 ** PHASE2_SCALE_LOG2)
+        su = [Float32(suh[kr]) * s, Float32(suh[kr + 8]) * s]
 
     # Phase 1: n16 tile `warp` of the block, its 8 k16 tiles. All loads first (memory-level
     # parallelism), then decode: the B fragments of W_hat's tile (rows k, columns n) are the
@@ -187,17 +186,16 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
     tn = bn * WARPS + warp
     words = [load_tile_words(tw, ((bk * WARPS + t) * cfg.n16 + tn) * geo.words, funnels, geo)
              for t in range(WARPS)]
-    tiles = [decode_words(words[t], funnels, geo, cfg.codebook) for t in range(WARPS)]
-    # d[t][j]: (k' = g, n = 8j + 2q, +1) and (k' = g + 8, same n) of H16 @ tile t, exact.
-    d = [[mma_m16n8k16_f16_f32(a_const, tiles[t][2 * j:2 * j + 2], [Float32(0.0)] * 4)
-          for j in range(2)] for t in range(WARPS)]
+    tiles = [list(decode_words(words[t], funnels, geo, cfg.codebook)) for t in range(WARPS)]
     if cutlass.const_expr(cfg.rotate):
-        _butterflies8(d)                          # H8 over the k16 tiles, fp32
+        _f16_butterflies8(tiles)                  # H8 over the k16 tiles
     for t in cutlass.range_constexpr(WARPS):
         for j in cutlass.range_constexpr(2):      # n8 half: columns 8j + g
+            # (k' = g, n = 8j + 2q, +1) and (k' = g + 8, same n) of H16 @ tile t
+            d = mma_m16n8k16_f16_f32(a_const, tiles[t][2 * j:2 * j + 2], [Float32(0.0)] * 4)
             col = warp * 8 + j * 4 + q
-            block[(t * 16 + g) * ROW_WORDS + col] = _f16x2_of(d[t][j][0], d[t][j][1])
-            block[(t * 16 + g + 8) * ROW_WORDS + col] = _f16x2_of(d[t][j][2], d[t][j][3])
+            block[(t * 16 + g) * ROW_WORDS + col] = _f16x2_of(d[0], d[1])
+            block[(t * 16 + g + 8) * ROW_WORDS + col] = _f16x2_of(d[2], d[3])
     cute.arch.sync_threads()
 
     # Phase 2: k16 tile `warp` of the block (rows k = 16 * warp + g, +8), its 8 n16 tiles as A
@@ -208,16 +206,12 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
     row1 = row0 + 8 * ROW_WORDS
     a = [[block[row0 + 8 * t + q], block[row1 + 8 * t + q],
           block[row0 + 8 * t + 4 + q], block[row1 + 8 * t + 4 + q]] for t in range(WARPS)]
-    kr = bk * BLOCK + warp * 16 + g
     nw = cfg.n // 2
-    su = [Float32(1.0), Float32(1.0)]
     if cutlass.const_expr(cfg.rotate):
         _f16_butterflies8(a)                      # H8 over the n16 tiles
-        s = scale[0] * Float32(2.0 ** PHASE2_SCALE_LOG2)
-        su = [Float32(suh[kr]) * s, Float32(suh[kr + 8]) * s]
         signs = h2 & Uint32(0x80008000)
         half = Uint32(0x1010) + Uint32(g & 1) * Uint32(0x2222)   # svh[n'] is pair n' / 2's
-        sv_base = bn * (BLOCK // 2) + g // 2                      # low (n' even) or high half
+        sv_base = g // 2                                          # low (n' even) or high half
     # The products go back into this warp's own 16 rows of the shared block (its A operands
     # are all loaded: the butterflies and products need every one), then out as whole rows:
     # one 16-byte store per lane, two 256-byte rows per instruction. (Stored straight from the
@@ -228,7 +222,7 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
         for j in cutlass.range_constexpr(2):
             b = b_const[j]
             if cutlass.const_expr(cfg.rotate):
-                pair = svh_words[sv_base + t * 8 + j * 4]
+                pair = svh_block[sv_base + t * 8 + j * 4]
                 sv = permute_bytes(pair, pair, half)          # svh[n'] in both halves
                 b = [sv ^ signs, sv ^ (signs ^ Uint32(0x80008000 * j))]
             d = mma_m16n8k16_f16_f32(a[t], b, [Float32(0.0)] * 4)

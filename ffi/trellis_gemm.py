@@ -39,7 +39,7 @@ Environment:
                                               default 0, not measured yet).
   EXL3_JAX_SPLIT_GROUPS = 1 | 2 | 3 | 4       3inst / mcg decode kernels of up to this many token
                                               groups run split pairs (MmaConfig.split_groups;
-                                              default 1, a tuning aid).
+                                              default SPLIT_GROUPS_BY_K: 3 at K = 4, else 1).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth[,a_smem]]]]
@@ -272,8 +272,15 @@ def _pair_fragments() -> bool:
     return os.environ.get(PAIR_FRAGMENTS_ENV, "0") == "1"
 
 
-def _split_groups() -> int:
-    return int(os.environ.get(SPLIT_GROUPS_ENV, "1"))
+# 3inst / mcg decode kernels run split pairs up to this many token groups by default, per K
+# (H100, session 23, 8192x28672 and 4096x14336 m = 16, mcg: 3 groups against packed pairs
+# -9 to -12% at K4, -1 to 0% at K3; other rates not measured).
+SPLIT_GROUPS_BY_K = {4: 3}
+
+
+def _split_groups(K) -> int:
+    env = os.environ.get(SPLIT_GROUPS_ENV, "")
+    return int(env) if env else SPLIT_GROUPS_BY_K.get(K, 1)
 
 
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
@@ -285,7 +292,7 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                      n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
                      unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
                      one_token=_one_token(plan), pair_fragments=_pair_fragments(),
-                     split_groups=_split_groups()).validate()
+                     split_groups=_split_groups(weight.K)).validate()
 
 
 TOKEN_TILE_KINDS = ("tiles", "wgmma")     # plans whose kernel takes row-major f16 pairs

@@ -121,9 +121,10 @@ class MmaTiling(KSplitShape):
         idle): -8% (K3) and -10% (K4) at 8192x28672 m=1 on the H200. mul1 (where
         ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine epilogue
         (one token group: mul1_affine sums one group's x). With 2 token groups split pairs
-        measured +20% at m=16 (session 11, before the leaner decodes; CPU-compiled now, K4 mcg
-        per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so packed pairs stay the default
-        there until the hardware says otherwise (bench/NOTES.md)."""
+        measured +20% at m=16 (session 11, before the leaner decodes); with today's decodes 3
+        groups ran 9-12% faster than packed pairs at K4 m = 16 and tied at K3 (session 23,
+        H100; K4 mcg per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so K4 takes them up to
+        3 groups (trellis_gemm.SPLIT_GROUPS_BY_K)."""
         if self.codebook in LOP3_CODEBOOKS:
             return self.m_groups <= max(1, self.split_groups)
         return self.codebook == "mul1" and self.mul1_split and self.m_groups == 1
@@ -189,8 +190,8 @@ class MmaConfig(MmaTiling):
     # (trellis_geometry.pair_fragment_word: one 128-byte line per warp load) instead of
     # row-major pairs (8 token rows' lines per load). Not measured yet: EXL3_JAX_PAIR_FRAGMENTS=1.
     pair_fragments: bool = False
-    # 3inst / mcg with up to this many token groups run split pairs (MmaTiling.split_pairs; a
-    # tuning aid, EXL3_JAX_SPLIT_GROUPS).
+    # 3inst / mcg with up to this many token groups run split pairs (MmaTiling.split_pairs;
+    # trellis_gemm.SPLIT_GROUPS_BY_K picks it, EXL3_JAX_SPLIT_GROUPS overrides).
     split_groups: int = 1
 
     @property
