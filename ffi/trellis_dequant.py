@@ -13,14 +13,15 @@ at m = 4096 x 14336 on the H200, bench/NOTES.md).
 Why this shape of kernel (one CTA of 8 warps per 128 x 128 block of w):
   * H128 = H8 (x) H16 on index bits (6..4, 3..0) (Sylvester), so each side is a 16-point
     transform inside a 16 x 16 tile, done by one tensor-core product with a constant +-1 operand,
-    and an 8-point one across 8 tiles, done by butterflies in registers: fp32 on phase 1's
-    products, fp16 (add.f16x2, half the instructions) on phase 2's operands, where it lets svh
-    ride in the constant operand. Emulated weight error (relative L2 to the fp32 dequantized
-    weight): fp32 / fp32 2.9e-4, fp32 / fp16 see NOTES, fp16 / fp16 6.2e-4.
-  * Phase 1, warp w owns the block's n16 tile w and its 8 k16 tiles t: the decoded tile is the
-    B operand of W_hat's 16 x 16 tile as it stands (the EXL3 in-tile order is the m16n8k16
-    fragment order, trellis_geometry.A_OPERAND_PAIRS), so H16 (rows k', 2^-4 folded in) @ tile
-    transforms k with the product's pairs running along n. Those go to shared memory
+    and an 8-point one across 8 tiles, done by fp16 butterflies (add.f16x2) on the operands in
+    registers. Emulated weight error (relative L2 to the fp32 dequantized weight): 6.2e-4; fp32
+    butterflies on the products instead cost 2.9e-4 (both phases) or 4.9e-4 (phase 1) but
+    78 registers (3 CTAs per SM against 4) and +96 or +192 instructions per warp, and this
+    kernel is issue and latency bound (bench/NOTES.md, session 23).
+  * Phase 1, warp w owns the block's n16 tile w and its 8 k16 tiles t (H8 across them first):
+    the decoded tile is the B operand of W_hat's 16 x 16 tile as it stands (the EXL3 in-tile
+    order is the m16n8k16 fragment order, trellis_geometry.A_OPERAND_PAIRS), so H16 (rows k',
+    2^-4 folded in) @ tile transforms k with the product's pairs running along n. Those go to shared memory
     (fp16, [128 k][128 n + 8]: the 8 halves of padding make each store and load conflict-free).
   * Phase 2, warp w owns k16 tile w and the 8 n16 tiles: its A operands are 4-byte words of
     that shared block (pairs along n); H8 across them, then @ H16 diag(svh) transform n (each B
