@@ -21,8 +21,9 @@ Why this shape of kernel (one CTA of 8 warps per 128 x 128 block of w):
   * Phase 1, warp w owns the block's n16 tile w and its 8 k16 tiles t (H8 across them first):
     the decoded tile is the B operand of W_hat's 16 x 16 tile as it stands (the EXL3 in-tile
     order is the m16n8k16 fragment order, trellis_geometry.A_OPERAND_PAIRS), so H16 (rows k',
-    2^-4 folded in) @ tile transforms k with the product's pairs running along n. Those go to shared memory
-    (fp16, [128 k][128 n + 8]: the 8 halves of padding make each store and load conflict-free).
+    2^-4 folded in) @ tile transforms k with the product's pairs running along n. Those go to
+    shared memory (fp16, [128 k][128 n + 8]: the 8 halves of padding make each store and load
+    conflict-free).
   * Phase 2, warp w owns k16 tile w and the 8 n16 tiles: its A operands are 4-byte words of
     that shared block (pairs along n); H8 across them, then @ H16 diag(svh) transform n (each B
     register is +-svh of one output column: exact fp16 products), and the products' pairs are

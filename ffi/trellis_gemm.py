@@ -10,9 +10,10 @@ Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.pl
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
 Three launches for a decode step. The prefill plan has no transforms: the dequantize kernel
 (ffi/trellis_dequant.py) writes the layer's weight itself (both Hadamards, suh and svh folded in)
-as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s: prefill_scale). One token (m = 1, the batch-1 decode step)
-runs as one custom call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA
-rotates its own k range of the row, and the output transform is chained behind it).
+as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s: prefill_scale). One token
+(m = 1, the batch-1 decode step) runs as one custom call of two launches instead
+(ffi/trellis_linear.py: each decode-kernel CTA rotates its own k range of the row, and the
+output transform is chained behind it).
 EXL3_JAX_TRANSFORMS=xla does steps 1 and 3 with jnp instead (the reference arithmetic; kept for
 comparison and debugging).
 

@@ -1063,8 +1063,8 @@ def test_compile_cases_cover_the_plan_parameters():
 def test_compile_only(arch, tmp_path):
     # had_in, GEMM kernel, had_out; one token (every m = 1 case here has a row tiling): the row
     # linear's one call of two kernels; prefill: the dequantize kernel alone (the rotations are
-    # in the weight it writes, XLA runs the dot). No kernel spills registers to local memory (a register
-    # cap or a layout change that does is a slowdown no other CPU check shows).
+    # in the weight it writes, XLA runs the dot). No kernel spills registers to local memory
+    # (a register cap or a layout change that does is a slowdown no other CPU check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
     keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
     rows = check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900, env=keep)
