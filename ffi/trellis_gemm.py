@@ -43,7 +43,7 @@ Environment:
                                               default SPLIT_GROUPS_BY_K: 3 at K = 4, else 1).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth[,a_smem]]]]
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth]]]
                                               the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
@@ -313,7 +313,6 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
                                splits=plan.splits, fused_out=plan.fused_out,
                                weight_ring=plan.weight_ring or WEIGHT_RING,
                                wgmma_depth=plan.wgmma_depth or WGMMA_DEPTH,
-                               a_smem=plan.a_smem,
                                biased=plan.fused_out and weight.bias is not None).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,

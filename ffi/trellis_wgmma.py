@@ -32,8 +32,7 @@ fence.proxy.async and one barrier.
 
 Options: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
 block) applies the output transform in the epilogue and writes y instead of partials;
-``wgmma_depth`` D (default 1) is how many wgmmas a warpgroup leaves in flight; ``a_smem``: A
-from shared memory too (below).
+``wgmma_depth`` D (default 1) is how many wgmmas a warpgroup leaves in flight.
 
 Per k16 step a warp: reads its tile's words from its ring slot and decodes them (overlapping the
 warpgroup's D wgmmas in flight), wgmma.fence, one wgmma m64n{m_tile}k16 (A: its 4 registers; B:
@@ -41,13 +40,9 @@ the stage's descriptor advanced by 32 bytes per step), commit, wait_group D. The
 A registers of the wgmma D steps back as inputs, so they stay allocated until it has read them;
 the final wait_group 0 ties the accumulators before the epilogue reads them.
 
-With ``a_smem`` the decode runs one chunk ahead of the tensor core instead of one step: each warp
-decodes chunk c + 1's 4 tiles into its warpgroup's A stage (c + 1) % A_STAGES (64 weight columns
-x 64 k, the same K-major 128-byte-swizzle layout as the activations, one 4-byte store per f16x2
-pair: conflict-free) while the warpgroup's 4 wgmmas of chunk c (A and B both by descriptor, one
-commit group) run; before the stores, wait_group 1 retires chunk c - 1's group, the last reader
-of that stage. No A registers stay allocated across a wgmma, and the 4 wgmmas of a chunk issue
-back to back.
+(A from shared memory instead, each chunk decoded one chunk ahead into an A stage with 2 or 4
+warpgroups, ran 25-40% slower than register A at m = 128 and 1024 on the H100: bench/NOTES.md,
+session 23; removed.)
 
 Layout contract (flat, sizes static):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, row-major, zero padded rows (the input
@@ -92,8 +87,6 @@ MAX_WGMMA_DEPTH = 2
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
 M_TILES = (32, 64, 128, 256)           # wgmma N values used (accumulators: m_tile / 2 per lane)
-A_STAGES = 2                           # a_smem: decoded chunks per warpgroup (c + 1 while c runs)
-A_STAGE_BYTES = 64 * ROW_BYTES         # a_smem: a warpgroup's 64 weight columns x 64 k
 # Matrix descriptor (PTX ISA, "Matrix Descriptor Format"), high word: stride byte offset 1024 >> 4
 # in bits 32..45, swizzle mode 1 (128-byte) in bits 62..63; low word: leading byte offset 1 (not
 # used by swizzled K-major layouts) in bits 16..29 and the start address >> 4 in bits 0..13.
@@ -114,16 +107,13 @@ class WgmmaGemmConfig(TokenTiles):
     k: int
     n: int
     m_tile: int = 128      # tokens per CTA = wgmma's N (M_TILES)
-    warpgroups: int = 2    # 64 output columns each (4, with a_smem: 256 columns per CTA,
-                           # half the activation reads per output of 128)
+    warpgroups: int = 2    # 64 output columns each
     splits: int = 1        # K-splits (grid y)
     # Chunk slots of each warp's weight ring (weights weight_ring - 1 chunks ahead).
     weight_ring: int = WEIGHT_RING
     # wgmmas in flight per warpgroup after each step's commit (wait_group depth): each keeps
     # its 4 A registers allocated until retired.
     wgmma_depth: int = WGMMA_DEPTH
-    # A from shared memory: each chunk decoded one chunk ahead into an A stage (module docstring)
-    a_smem: bool = False
     # One K-split: the epilogue applies the output transform (Hadamard-128 over the CTA's 128
     # columns through shared memory, * SCALE * svh * row scale + bias, as
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
@@ -143,15 +133,9 @@ class WgmmaGemmConfig(TokenTiles):
         """The stage ring and the warps' weight rings after it, or (fused_out) the epilogue's
         fp32 tile if larger (the same buffer: the epilogue starts once every wgmma has retired
         and every copy has landed)."""
-        ring = self.stages * self.stage_words + self.a_stage_words \
+        ring = self.stages * self.stage_words \
             + 4 * self.warpgroups * self.weight_ring * self.slot_words
         return max(ring, self.m_tile * EPILOGUE_ROW_WORDS) if self.fused_out else ring
-
-    @property
-    def a_stage_words(self) -> int:
-        """a_smem: the A stages of every warpgroup (after the activation stages, 1024-byte
-        aligned since a stage is m_tile 128-byte rows)."""
-        return A_STAGES * self.warpgroups * A_STAGE_BYTES // 4 if self.a_smem else 0
 
     @property
     def cta_n16(self) -> int:
@@ -172,20 +156,13 @@ class WgmmaGemmConfig(TokenTiles):
     def validate(self) -> "WgmmaGemmConfig":
         if self.m_tile not in M_TILES:
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
-        if self.warpgroups not in (1, 2, 4) or (self.warpgroups == 4 and not self.a_smem):
-            raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2 (4: with a_smem, "
-                             "whose registers leave room for 512 threads)")
-        if self.warpgroups == 4 and self.m_tile > 128:
-            raise ValueError(f"m_tile {self.m_tile} with 4 warpgroups: 512 threads have 128 "
-                             "registers each, so at most 64 accumulators (m_tile 128)")
+        if self.warpgroups not in (1, 2):
+            raise ValueError(f"warpgroups {self.warpgroups} must be 1 or 2")
         if self.smem_words * 4 > MAX_SMEM_BYTES:
             raise ValueError(f"{self.smem_words * 4} bytes of shared memory per CTA exceed "
                              f"{MAX_SMEM_BYTES}")
         if not 1 <= self.wgmma_depth <= MAX_WGMMA_DEPTH:
             raise ValueError(f"wgmma_depth {self.wgmma_depth} must be 1..{MAX_WGMMA_DEPTH}")
-        if self.a_smem and self.wgmma_depth != 1:
-            raise ValueError("wgmma_depth counts register-A wgmmas; with a_smem a chunk's "
-                             "group is in flight while the next chunk decodes")
         if self.weight_ring < MIN_WEIGHT_RING:
             raise ValueError(f"weight_ring {self.weight_ring} must be at least "
                              f"{MIN_WEIGHT_RING} chunk slots")
@@ -260,27 +237,21 @@ def proxy_fence_shared():
 
 def _wgmma_async(acc, a_words, b_desc_lo, loc, ip) -> list:
     """One wgmma.mma_async m64nNk16 (N = 2 * len(acc), fp32 accumulators tied in and out) with
-    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers
-    (``a_words`` of 4) or, likewise, a descriptor (``a_words`` = [its low word])."""
+    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers."""
     n_acc = len(acc)
     d = ", ".join(f"${i}" for i in range(n_acc))
     ai = 2 * n_acc                     # operands: outputs, the tied accumulators, then these
-    na = len(a_words)
-    if na == 1:
-        a_decl, a_mov, a_text, trans = ", da", f" mov.b64 da, {{${ai}, hi}};\n", "da", ", 0, 0"
-    else:
-        a_decl, a_mov, trans = "", "", ", 0"
-        a_text = "{" + ", ".join(f"${ai + i}" for i in range(na)) + "}"
-    body = (f"{{\n .reg .pred p;\n .reg .b64 db{a_decl};\n .reg .b32 hi;\n"
-            f" setp.ne.b32 p, ${ai + na + 1}, 0;\n"
-            f" mov.b32 hi, {DESC_HI};\n{a_mov}"
-            f" mov.b64 db, {{${ai + na}, hi}};\n"
+    a_text = "{" + ", ".join(f"${ai + i}" for i in range(4)) + "}"
+    body = (f"{{\n .reg .pred p;\n .reg .b64 db;\n .reg .b32 hi;\n"
+            f" setp.ne.b32 p, ${ai + 5}, 0;\n"
+            f" mov.b32 hi, {DESC_HI};\n"
+            f" mov.b64 db, {{${ai + 4}, hi}};\n"
             f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
-            f"{a_text}, db, p, 1, 1{trans};\n}}")
+            f"{a_text}, db, p, 1, 1, 0;\n}}")
     operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
                 + [Uint32(v).ir_value(loc=loc, ip=ip) for v in a_words]
                 + [Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
-    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * (na + 2))
+    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 6)
     res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
                           constraints + ",~{memory}", has_side_effects=True,
                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
@@ -291,20 +262,8 @@ def _wgmma_async(acc, a_words, b_desc_lo, loc, ip) -> list:
 def wgmma_rs(acc, a, desc_lo, *, loc=None, ip=None) -> list:
     """acc += A (this warp's 16 rows of 64 x 16, 4 f16x2 registers) @ B (16 x N from the
     K-major 128-byte-swizzled descriptor), N = 2 * len(acc), fp32 accumulators (asynchronous:
-    read acc only after wgmma_wait)."""
+    read acc only after wgmma_wait_acc)."""
     return _wgmma_async(acc, list(a), desc_lo, loc, ip)
-
-
-@dsl_user_op
-def wgmma_ss(acc, a_desc_lo, b_desc_lo, *, loc=None, ip=None) -> list:
-    """acc += A (64 x 16 from the K-major 128-byte-swizzled descriptor a_desc_lo) @ B (16 x N,
-    likewise b_desc_lo), N = 2 * len(acc), fp32 accumulators (asynchronous, as wgmma_rs)."""
-    return _wgmma_async(acc, [a_desc_lo], b_desc_lo, loc, ip)
-
-
-def wgmma_wait(pending: int):
-    """wait_group ``pending`` (a_smem: no A registers to keep alive)."""
-    inline_ptx(f"wgmma.wait_group.sync.aligned {pending};")
 
 
 @dsl_user_op
@@ -412,28 +371,6 @@ def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
             a_prev[last + i] = a[i]
 
 
-def a_stage_word(row, kk, hi, lane):
-    """Word, within an A stage, of the f16x2 pair at weight column ``row`` (0..63) and k
-    2 (lane % 4) + 8 hi (+1) of step kk (the A fragment register with that row and k): row-major
-    128-byte rows, 16-byte segment 2 kk + hi swizzled by row % 8. Plain integer arithmetic."""
-    return row * (ROW_BYTES // 4) + ((2 * kk + hi) ^ (row % 8)) * 4 + lane % 4
-
-
-# The A fragment register i of a lane: (row offset within its 16, hi): rows lane // 4 (+8),
-# k 2 (lane % 4) (+8) (mma.sync m16n8k16's A layout, which wgmma's register A shares).
-A_FRAGMENT_SLOTS = ((0, 0), (8, 0), (0, 1), (8, 1))
-
-
-def _decode_chunk_to_stage(smem, stage_word, step_words, warp, lane, funnels, geo, cfg):
-    """a_smem: the warp's K_CHUNK tiles (words: ``step_words(kk)``) decoded and stored into
-    its rows (16 (warp % 4) ..) of the A stage at word stage_word."""
-    row0 = 16 * (warp % 4) + lane // 4
-    for kk in range(K_CHUNK):
-        a = _a_fragment(step_words(kk), funnels, geo, cfg)
-        for i, (dr, hi) in enumerate(A_FRAGMENT_SLOTS):
-            smem[stage_word + a_stage_word(row0 + dr, kk, hi, lane)] = a[i]
-
-
 def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
     """The output transform of the CTA's 128 columns x m_tile tokens (fused_out): D fragments
     to shared memory as fp32 rows, then per token row (warp w: rows w, w + 8, ..) the lane's
@@ -477,8 +414,7 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     last = cfg.chunks - 1
     lead = cfg.weight_ring - 1
     slot_bytes = cfg.slot_words * 4
-    ring_word = cfg.stages * cfg.stage_words + cfg.a_stage_words \
-        + warp * cfg.weight_ring * cfg.slot_words
+    ring_word = cfg.stages * cfg.stage_words + warp * cfg.weight_ring * cfg.slot_words
     ring_address = base + ring_word * 4                # this warp's weight ring
 
     # In flight before the loop: weights of chunks 0 .. R - 2 with chunk 0's activations (one
@@ -493,50 +429,17 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     cp_async_wait(1)
     proxy_fence_shared()
     cute.arch.sync_threads()
-    if cutlass.const_expr(cfg.a_smem):
-        # A from shared memory (module docstring): chunk 0 decoded before the loop, then per
-        # chunk c its 4 wgmmas as one group, the copies, the decode of chunk c + 1 into the
-        # other A stage once chunk c - 1's group retired, and one barrier.
-        a_word0 = cfg.stages * cfg.stage_words + (warp // 4) * A_STAGES * A_STAGE_BYTES // 4
-        a_desc0 = descriptor_lo(base + a_word0 * 4)  # this warpgroup's A stage 0, step 0
-        _decode_chunk_to_stage(smem, a_word0, _ring_weight_words(smem, ring_word, funnels, geo),
-                               warp, lane, funnels, geo, cfg)
+    a_prev = cute.make_rmem_tensor((4 * cfg.wgmma_depth,), Uint32)   # A of those in flight
+    for i in cutlass.range_constexpr(4 * cfg.wgmma_depth):
+        a_prev[i] = Uint32(0)
+    for c in cutlass.range(cfg.chunks):
+        _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
+        slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
+        _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
+                   desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4), funnels, geo, cfg)
+        cp_async_wait(1)                          # chunk c + 1 has landed
         proxy_fence_shared()
         cute.arch.sync_threads()
-        for c in cutlass.range(cfg.chunks):
-            wgmma_fence()
-            a_desc = a_desc0 + (c % A_STAGES) * (A_STAGE_BYTES >> 4)
-            b_desc = desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4)
-            for kk in cutlass.range_constexpr(K_CHUNK):
-                d = wgmma_ss([acc[i] for i in range(cfg.acc_regs)], a_desc + 2 * kk,
-                             b_desc + 2 * kk)
-                for i in cutlass.range_constexpr(cfg.acc_regs):
-                    acc[i] = d[i]
-            wgmma_commit()
-            _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
-            cp_async_wait(1)                          # chunk c + 1 has landed
-            inline_ptx("bar.warp.sync -1;")           # the warp's ring copies, lane to lane
-            wgmma_wait(1)                             # chunk c - 1's group: its stage is free
-            if c < last:
-                slot_word = ring_word + ((c + 1) % cfg.weight_ring) * cfg.slot_words
-                _decode_chunk_to_stage(
-                    smem, a_word0 + ((c + 1) % A_STAGES) * (A_STAGE_BYTES // 4),
-                    _ring_weight_words(smem, slot_word, funnels, geo), warp, lane, funnels,
-                    geo, cfg)
-            proxy_fence_shared()
-            cute.arch.sync_threads()
-    else:
-        a_prev = cute.make_rmem_tensor((4 * cfg.wgmma_depth,), Uint32)   # A of those in flight
-        for i in cutlass.range_constexpr(4 * cfg.wgmma_depth):
-            a_prev[i] = Uint32(0)
-        for c in cutlass.range(cfg.chunks):
-            _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
-            slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
-            _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
-                       desc0 + (c % ACTIVATION_STAGES) * (stage_bytes >> 4), funnels, geo, cfg)
-            cp_async_wait(1)                          # chunk c + 1 has landed
-            proxy_fence_shared()
-            cute.arch.sync_threads()
     # The last copies must land before the epilogue reuses the buffer (fused_out) and before
     # the CTA exits.
     cp_async_wait(0)
@@ -561,8 +464,7 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-__all__ = ["A_FRAGMENT_SLOTS", "A_STAGES", "ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES",
-           "MAX_WGMMA_DEPTH", "a_stage_word",
+__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES", "MAX_WGMMA_DEPTH",
            "MIN_WEIGHT_RING", "WEIGHT_RING", "WGMMA_DEPTH", "WgmmaGemmConfig",
            "d_fragment_position", "descriptor_lo", "weight_piece",
            "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

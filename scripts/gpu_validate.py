@@ -116,7 +116,7 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     plans = {32: select_plan(32, k, n, force="decode"), 1: select_plan(1, k, n, force="decode")}
     cfgs = {m: tg._mma_config(w, plan) for m, plan in plans.items()}
     tile_plans = {kind: forced_plan(k, k, n, kind)
-                  for kind in (("tiles", "wgmma", "wgmma_smem") if device_arch() == "sm_90a"
+                  for kind in (("tiles", "wgmma") if device_arch() == "sm_90a"
                                else ("tiles",))
                   if kinds is None or kind in kinds}
 
@@ -179,21 +179,12 @@ def forced_plan(m, k, n, kind):
     weight ring (MIN_WEIGHT_RING chunk slots per warp) and the most wgmmas in flight
     (MAX_WGMMA_DEPTH), with one K-split and no fused epilogue, so each CTA's chunks wrap around
     the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
-    K-split and the output transform in its epilogue; "wgmma_smem": A from shared memory (each
-    chunk decoded one chunk ahead), four warpgroups (256 columns per CTA) where n allows, the
-    smallest ring, two K-splits where whole chunks allow."""
+    K-split and the output transform in its epilogue."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MAX_WGMMA_DEPTH, MIN_WEIGHT_RING
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=False, weight_ring=MIN_WEIGHT_RING,
                                    wgmma_depth=MAX_WGMMA_DEPTH)
-    if kind == "wgmma_smem":
-        from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
-        splits = 2 if (k // 16) % 8 == 0 else 1
-        warps = 16 if n % 256 == 0 else 8
-        return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=splits,
-                                   warps=warps, fused_out=splits == 1 and warps == 8,
-                                   weight_ring=MIN_WEIGHT_RING, a_smem=True)
     if kind == "wgmma_fused":
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
@@ -209,14 +200,13 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
     # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
     # ffi/trellis_wgmma.py)
     # (on Hopper the wgmma plan at every m, and for m > 32 its smallest weight ring with two
-    # wgmmas in flight, its fused output transform and its A from shared memory: "wgmma_tight",
-    # "wgmma_fused", "wgmma_smem"; the poisoned path checks the partials)
+    # wgmmas in flight and its fused output transform: "wgmma_tight", "wgmma_fused"; the
+    # poisoned path checks the partials)
     from exl3_jax.ffi.aot import device_arch
     hopper = device_arch() == "sm_90a"
     cases = [(m, kind) for m in ms
              for kind in (("decode", "prefill") + (("wgmma",) if hopper else ()) if m <= 32 else
-                          ("tiles", "prefill") + (("wgmma", "wgmma_tight", "wgmma_fused",
-                                                   "wgmma_smem")
+                          ("tiles", "prefill") + (("wgmma", "wgmma_tight", "wgmma_fused")
                                                   if hopper else ()))
              if kinds is None or kind in kinds]
     plans = [forced_plan(m, k, n, kind) for m, kind in cases]
@@ -619,8 +609,7 @@ def run_memcheck(kind: str) -> int:
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
     runs = {"decode": [(5, "decode"), (1, "decode")], "prefill": [(40, "prefill")],
             "tiles": [(200, "tiles")],
-            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused"),
-                      (200, "wgmma_smem")]}[kind]
+            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
     for m, variant in runs:
         plan = forced_plan(m, k, n, variant)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)
@@ -698,8 +687,8 @@ def main(argv=None) -> int:
                         "and test shapes)")
     p.add_argument("--kinds", default=None,
                    help="plan kinds of the gemm section and of decode_exact's token-tile "
-                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_tight,wgmma_fused,"
-                        "wgmma_smem (default: every kind the device runs)")
+                        "kernels, e.g. decode,prefill or tiles,wgmma,wgmma_tight,wgmma_fused "
+                        "(default: every kind the device runs)")
     p.add_argument("--memcheck", choices=("decode", "prefill", "tiles", "wgmma", "group", "row"))
     p.add_argument("--sass", metavar="DIR")
     p.add_argument("--sass-caps", default="0", help="register caps (min CTAs per SM) for --sass")

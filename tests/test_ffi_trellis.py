@@ -184,8 +184,6 @@ def test_wgmma_plan(k, n, m):
     assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,4,2") == plans.TrellisPlan(
         "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=False, weight_ring=4,
         wgmma_depth=2)
-    assert plans.tiled_plan("wgmma", m, k, n, "64,2,2,0,0,0,1") == plans.TrellisPlan(
-        "wgmma", m, m_tile=64, warps=8, splits=2, a_smem=True)
     with pytest.raises(ValueError, match="takes no tiling"):
         plans.tiled_plan("prefill", m, k, n, "128,2,1")
 
@@ -256,43 +254,10 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
     for depth in (0, tw.MAX_WGMMA_DEPTH + 1):
         with pytest.raises(ValueError, match=f"wgmma_depth {depth} must be 1..2"):
             tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, wgmma_depth=depth).validate()
-    with pytest.raises(ValueError, match="wgmma_depth counts register-A"):
-        tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, wgmma_depth=2, a_smem=True).validate()
     with pytest.raises(ValueError, match="warpgroups 4 must be 1 or 2"):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, warpgroups=4).validate()
-    with pytest.raises(ValueError, match="m_tile 256 with 4 warpgroups"):
-        tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, m_tile=256, warpgroups=4,
-                           a_smem=True).validate()
     with pytest.raises(ValueError, match="bytes of shared memory per CTA exceed"):
-        tw.WgmmaGemmConfig("mcg", 8, 1, 1024, 512, m_tile=256, weight_ring=32,
-                           a_smem=True).validate()
-    assert tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, warpgroups=4, a_smem=True).validate()
-
-
-@needs_cutlass
-def test_wgmma_a_stage_stores_match_the_descriptor():
-    # a_smem: lane l of warp w stores A fragment register i of step kk (weight column
-    # 16 w + l // 4 (+8), k 16 kk + 2 (l % 4) (+8) and +1) at a_stage_word. wgmma reads A
-    # [64, 16] of step kk through the same K-major 128-byte-swizzle descriptor as B: element
-    # (r, k) at r * 128 + 2 k, bits 4..6 XORed by bits 7..9. Every word of the stage is
-    # stored once, where that read finds it, and each store instruction (fixed w, kk, i) puts
-    # its 32 lanes in 32 banks.
-    from exl3_jax.ffi import trellis_wgmma as tw
-    seen = {}
-    for w in range(4):
-        for kk in range(tw.K_CHUNK):
-            for i, (dr, hi) in enumerate(tw.A_FRAGMENT_SLOTS):
-                banks = set()
-                for lane in range(32):
-                    row, k = 16 * w + lane // 4 + dr, 16 * kk + 2 * (lane % 4) + 8 * hi
-                    word = tw.a_stage_word(row, kk, hi, lane)
-                    logical = row * tw.ROW_BYTES + 2 * k
-                    assert 4 * word == logical ^ (((logical >> 7) & 7) << 4)
-                    assert word not in seen
-                    seen[word] = (row, k)
-                    banks.add(word % 32)
-                assert len(banks) == 32
-    assert sorted(seen) == list(range(tw.A_STAGE_BYTES // 4))
+        tw.WgmmaGemmConfig("mcg", 8, 1, 1024, 512, m_tile=256, weight_ring=40).validate()
 
 
 @needs_cutlass
@@ -888,10 +853,11 @@ def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, 
 
 @pytest.mark.parametrize("members", [(), (256, 128, 128)])
 def test_pair_fragment_plumbing(rng, emulated_kernels, monkeypatch, members):
-    # EXL3_JAX_PAIR_FRAGMENTS=1 at m = 12 (two token groups, packed): the input transform's
-    # "pairs" words reach the kernel (emulated), the result is the reference's.
+    # EXL3_JAX_PAIR_FRAGMENTS=1 at m = 12 (two token groups, packed: K3, where split pairs stop
+    # at one group): the input transform's "pairs" words reach the kernel (emulated), the
+    # result is the reference's.
     monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "1")
-    ws = _members_against_reference(rng, 12, members, 4, "mcg")
+    ws = _members_against_reference(rng, 12, members, 3, "mcg")
     cfg = emulated_kernels[-1][1]
     assert cfg.pair_fragments and cfg.x_layout == "pairs" and cfg.m_groups == 2
     monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "0")
@@ -1111,12 +1077,7 @@ def test_compile_only_wgmma_kernels(tmp_path):
              ("mcg", 4, 128, "wgmma:128,2,1,0,3", 2048, 512),
              ("mul1", 3.5, 64, "wgmma:64,2,2,0,6", 1024, 768),
              ("mcg", 4, 128, "wgmma:128,2,1,1,4,2", 2048, 1024),
-             ("mul1", 3, 40, "wgmma:64,2,2,0,3,2", 1024, 768),
-             # A from shared memory: fused / partials, rings of 4 / 3, m_tile 128 / 256 / 32
-             ("mcg", 3, 128, "wgmma:128,2,1,1,4,1,1", 2048, 768),
-             ("mul1", 4, 300, "wgmma:256,2,2,0,3,1,1", 1024, 384),
-             ("3inst", 2, 20, "wgmma:32,1,2,0,4,1,1", 512, 640),
-             ("mcg", 4, 1024, "wgmma:128,4,2,0,4,1,1", 2048, 1024)]    # 4 warpgroups
+             ("mul1", 3, 40, "wgmma:64,2,2,0,3,2", 1024, 768)]
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for case, row in zip(cases, rows):
@@ -1133,27 +1094,21 @@ def test_compile_only_wgmma_kernels(tmp_path):
     assert len(kernels) == len(cases)
     plans = [aot.resolve_plan(c[2], *(c[4:6] if len(c) > 4 else (256, 256)), c[3])
              for c in cases]
-    depths = sorted((p.a_smem, p.wgmma_depth or 1) for p in plans)
+    depths = sorted(p.wgmma_depth or 1 for p in plans)
     seen = []
     for code in kernels:
         hgmma = [ins for _, ins in code if "HGMMA" in ins]
-        a_smem = "gdesc" in hgmma[0].split(", ")[1]
-        assert len(hgmma) >= 4 and all(("gdesc" in ins.split(", ")[1]) == a_smem
-                                       for ins in hgmma)
-        # the loop's waits leave wgmma_depth in flight, or (A from shared memory) one chunk's
-        # group; ptxas kept them (no serialising wait after every HGMMA)
+        # A from registers (no descriptor for A) in every HGMMA
+        assert len(hgmma) >= 4 and not any("gdesc" in ins.split(", ")[1] for ins in hgmma)
+        # the loop's waits leave wgmma_depth in flight; ptxas kept them (no serialising wait
+        # after every HGMMA)
         waits = {int(ins.split(",")[-1], 16) for _, ins in code
                  if "WARPGROUP.DEPBAR.LE" in ins} - {0}
         assert len(waits) == 1, waits
-        if a_smem:                             # a chunk's 4 HGMMAs close one group
-            assert ["gsb0" in ins for ins in hgmma[:4]] == [False] * 3 + [True], hgmma[:4]
-        seen.append((a_smem, waits.pop()))
+        seen.append(waits.pop())
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
-        # A from shared memory stores decoded chunks while activation copies land elsewhere
-        # (the interpreter checks the addresses); only an exit with copies in flight counts
-        assert [ins for ins in helpers_sass.unwaited_async_copies(code)
-                if not a_smem or ins.startswith("EXIT")] == []
+        assert helpers_sass.unwaited_async_copies(code) == []
         assert not [ins for _, ins in code if ins.startswith(("STL", "LDL"))]    # no spills
     assert sorted(seen) == depths
 

@@ -53,7 +53,6 @@ class TrellisPlan:
     fused_out: bool = False
     weight_ring: int = 0
     wgmma_depth: int = 0
-    a_smem: bool = False       # wgmma: A from shared memory (WgmmaGemmConfig.a_smem)
 
 
 def _divisors(x: int) -> list[int]:
@@ -136,7 +135,7 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
     the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
     Auto takes it on Hopper for WGMMA_MIN_M <= m <= WGMMA_MAX_M. ``tiling``: (m_tile, warpgroups,
-    splits[, fused_out[, weight_ring[, wgmma_depth[, a_smem]]]]) instead (a tuning aid;
+    splits[, fused_out[, weight_ring[, wgmma_depth]]]) instead (a tuning aid;
     fused_out defaults to splits == 1 with two warpgroups; 0 for ring or depth: the kernel's
     default)."""
     k16, n16 = k // 16, n // 16
@@ -145,8 +144,7 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         fused = bool(rest[0]) if rest else splits == 1 and warpgroups == 2
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
                            fused_out=fused, weight_ring=rest[1] if len(rest) > 1 else 0,
-                           wgmma_depth=rest[2] if len(rest) > 2 else 0,
-                           a_smem=bool(rest[3]) if len(rest) > 3 else False)
+                           wgmma_depth=rest[2] if len(rest) > 2 else 0)
     m_tile = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256
     splits = _token_tile_splits(m, k16, n16, m_tile, 4, sms)
     return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits,

@@ -13,11 +13,11 @@ t "ab prefill/wgmma rc=$?"; grep '^{' $RES/6_ab_prefill_wgmma.log | cut -c1-190;
 for sh in 4096x14336 14336x4096 8192x28672; do
     k=${sh%x*}; n=${sh#*x}
     for m in 32 128; do
-        A=$(wgmma_tiling $m $k $n 0 2 0 1); B=$(wgmma_tiling $m $k $n 0 2 0 2)
+        A=$(wgmma_tiling $m $k $n 2 0 1); B=$(wgmma_tiling $m $k $n 2 0 2)
         EXL3_JAX_PLAN=wgmma timeout 30 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_WGMMA --values "$A|$B|$A|$B" --shapes $sh --K 4,3 --codebooks mcg,mul1 --m $m --out $RES/6_depth_${sh}_$m.json > $RES/6_depth_${sh}_$m.log 2>&1
         t "depth $sh m=$m ($A vs $B) rc=$?"; grep '^{' $RES/6_depth_${sh}_$m.log | cut -c1-190; save
     done
-    V=$(for s in 1 2 4 8; do wgmma_tiling 128 $k $n 0 2 0 1 $s; done | paste -sd'|')
+    V=$(for s in 1 2 4 8; do wgmma_tiling 128 $k $n 2 0 1 $s; done | paste -sd'|')
     EXL3_JAX_PLAN=wgmma timeout 30 python3 scripts/gpu_linear_ab.py --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg --m 128 --out $RES/6_splits_$sh.json > $RES/6_splits_$sh.log 2>&1
     t "splits $sh m=128 ($V) rc=$?"; grep '^{' $RES/6_splits_$sh.log | cut -c1-190; save
 done

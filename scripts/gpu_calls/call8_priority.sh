@@ -1,17 +1,14 @@
-# Call 8 (~8 min): session 21's essentials in one call, for when only one is lent: the wgmma
-# kernel on the hardware (auto takes it for 25 <= m <= 128 since session 21; A from registers
-# with depth 1 / 2, and A from shared memory with 2 / 4 warpgroups), register vs shared A at
-# m = 128 and 1024, depth at m = 128, `bench linear` with auto at m = 16..128, and where the
-# prefill plan's time goes (gpu_profile_linear.py). Calls 6 and 7 have the wider sweeps.
+# Call 8 (~6 min): session 21's essentials: the wgmma kernel on the hardware (auto takes it for
+# 25 <= m <= 128 since session 21; depth 1 / 2), depth at m = 128, `bench linear` with auto at
+# m = 16..128, and where the prefill plan's time goes (gpu_profile_linear.py). Call 6 has the
+# wider sweeps.
 CALL=call8
-timeout 110 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 33,128,1000 --kinds wgmma,wgmma_tight,wgmma_fused,wgmma_smem --budget-s 90 --out $RES/8_validate_wgmma.json > $RES/8_validate_wgmma.log 2>&1
+timeout 110 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --m 33,128,1000 --kinds wgmma,wgmma_tight,wgmma_fused --budget-s 90 --out $RES/8_validate_wgmma.json > $RES/8_validate_wgmma.log 2>&1
 t "validate wgmma rc=$?"; grep SUMMARY $RES/8_validate_wgmma.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/8_validate_wgmma.log | head -4 | cut -c1-300; save
 for sh in 8192x28672 4096x14336; do
     k=${sh%x*}; n=${sh#*x}
-    for m in 128 1024; do
-        A=$(wgmma_tiling $m $k $n 0); B=$(wgmma_tiling $m $k $n 1); C=$(wgmma_tiling $m $k $n 1 4); V="$A|$B|$C|$A|$B|$C"
-        [ $m = 128 ] && V="$V|$(wgmma_tiling $m $k $n 0 2 0 2)"
-        [ $m = 1024 ] && V="$V|$(wgmma_tiling $m $k $n 1 2 256)"
+    for m in 128; do
+        A=$(wgmma_tiling $m $k $n 2 0 1); B=$(wgmma_tiling $m $k $n 2 0 2); V="$A|$B|$A|$B"
         EXL3_JAX_PLAN=wgmma timeout 35 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$V" --shapes $sh --K 4 --codebooks mcg,mul1 --m $m --out $RES/8_ab_${sh}_$m.json > $RES/8_ab_${sh}_$m.log 2>&1
         t "ab $sh m=$m ($V) rc=$?"; grep '^{' $RES/8_ab_${sh}_$m.log | cut -c1-200; save
     done

@@ -32,15 +32,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import jax, cutlass; print('jax', jax.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -1
 git log -1 --format='tree %h %s' 2>/dev/null | cut -c1-100
 t start
-# `wgmma_tiling M K N A_SMEM [WARPGROUPS [M_TILE [DEPTH [SPLITS]]]]`: an EXL3_JAX_WGMMA tiling
-# string for an [M, K] @ [K, N] linear: the plans' own m_tile and K-split rule (one CTA per SM)
-# unless given (0), weight ring 4, the fused epilogue where one split of two warpgroups allows.
+# `wgmma_tiling M K N [WARPGROUPS [M_TILE [DEPTH [SPLITS]]]]`: an EXL3_JAX_WGMMA tiling string
+# for an [M, K] @ [K, N] linear: the plans' own m_tile and K-split rule (one CTA per SM) unless
+# given (0), weight ring 4, the fused epilogue where one split of two warpgroups allows.
 wgmma_tiling() { python3 -c "
 from exl3_jax.ops.plans import DEFAULT_SMS, _token_tile_splits, select_plan
-m, k, n, a, w, t, d, s = $1, $2, $3, $4, ${5:-2}, ${6:-0}, ${7:-1}, ${8:-0}
+m, k, n, w, t, d, s = $1, $2, $3, ${4:-2}, ${5:-0}, ${6:-1}, ${7:-0}
 t = t or select_plan(m, k, n, force='wgmma').m_tile
 s = s or _token_tile_splits(m, k // 16, n // 16, t, 4, DEFAULT_SMS, cta_n16=4 * w)
-print(f'{t},{w},{s},{int(s == 1 and w == 2)},4,{d},{a}')"; }
+print(f'{t},{w},{s},{int(s == 1 and w == 2)},4,{d}')"; }
 # The timing steps the calls share: `bench_linear TREE TAG SECONDS` (the issue's two large shapes,
 # K 3 and 4, both codebooks, m 1 / 4 / 16) and `bench_moe TREE TAG SECONDS` (the Qwen3 layer,
 # m 1..8), in tree TREE, results $RES/TAG.{json,log}.
@@ -59,12 +59,4 @@ bench_moe() {
 ab_split_groups() {
     EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
     t "ab split groups m=$2 rc=$?"; grep '^{' $RES/$1.log | cut -c1-220; save
-}
-# `ab_a_smem TAG M`: the wgmma kernel's A from registers vs from shared memory with 2 and 4
-# warpgroups (twice each), 8192x28672 K4 mcg, m = M.
-ab_a_smem() {
-    local k=8192 n=28672 A B C
-    A=$(wgmma_tiling $2 $k $n 0); B=$(wgmma_tiling $2 $k $n 1); C=$(wgmma_tiling $2 $k $n 1 4)
-    EXL3_JAX_PLAN=wgmma timeout 60 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_WGMMA --values "$A|$B|$C|$A|$B|$C" --shapes ${k}x$n --K 4 --codebooks mcg --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
-    t "a_smem ${k}x$n m=$2 ($A|$B|$C) rc=$?"; grep '^{' $RES/$1.log | cut -c1-200; save
 }
