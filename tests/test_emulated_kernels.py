@@ -172,10 +172,10 @@ print(np.asarray(jax.jit(lambda x: tm.moe_gpu(x, ids, w, w13, down))(x)).shape)
 BUGS = {
     "wgmma-without-stage-barrier": (
         "trellis_wgmma.py",
-        "            cp_async_wait(1)                          # chunk c + 1 has landed\n"
-        "            proxy_fence_shared()\n            cute.arch.sync_threads()\n",
-        "            cp_async_wait(1)                          # chunk c + 1 has landed\n"
-        "            proxy_fence_shared()\n",
+        "        cp_async_wait(1)                          # chunk c + 1 has landed\n"
+        "        proxy_fence_shared()\n        cute.arch.sync_threads()\n",
+        "        cp_async_wait(1)                          # chunk c + 1 has landed\n"
+        "        proxy_fence_shared()\n",
         DISPATCH.replace("from exl3_jax.ffi import trellis_gemm as tg",
                          "import ffi.trellis_gemm as tg"),
         # one K-split (4 chunks of 64 k), the partials epilogue
