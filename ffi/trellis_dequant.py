@@ -53,9 +53,9 @@ from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cute_ops import (_asm_u32, cta_thread_ids, inline_ptx, load_shared_words_v4, permute_bytes,
-                       store_words_v4, decode_words, lane_funnels, load_tile_words,
-                       mma_m16n8k16_f16_f32)
+from .cute_ops import (_asm_u32, cta_thread_ids, decode_words, inline_ptx, lane_funnels,
+                       load_shared_words_v4, load_tile_words, mma_m16n8k16_f16_f32,
+                       permute_bytes, store_words_v4)
 from .trellis_geometry import KSplitShape, lane_geometry
 
 BLOCK = 128                 # a Hadamard block: one CTA covers BLOCK x BLOCK weights
@@ -128,8 +128,8 @@ def _f16_butterflies8(regs):
 
 
 def _signed_pair(g, c, magnitude: int):
-    """f16x2 (H16[g][c], H16[g][c + 1]) * 2^e as bits (magnitude: the fp16 bits of 2^e), c even:
-    H16[i][j] = (-1)^popcount(i & j)."""
+    """f16x2 (H16[g][c], H16[g][c + 1]) * 2^e as bits (magnitude: the fp16 bits of 2^e; 0: the
+    sign bits alone), c even: H16[i][j] = (-1)^popcount(i & j)."""
     def sign(j):
         v = g & j
         return ((v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1) * F16_SIGN
@@ -158,13 +158,14 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
     zero = Uint32(0)
     # The constant operands: H16 scaled by a power of two, or I16. For H16 the A fragment
     # (rows g, g+8; columns 2q, 2q+8) is (h, h, h, -h) and the B fragments of its two n8 halves
-    # are (h, h) and (h, -h), h = (H[g][2q], H[g][2q+1]), since H[r][c + 8] = H[r][c] *
-    # (-1)^bit3(r) and r, c < 8 here.
+    # have the signs of (h, h) and (h, -h), h = (H[g][2q], H[g][2q+1]), since H[r][c + 8] =
+    # H[r][c] * (-1)^bit3(r) and r, c < 8 here; phase 2 puts svh under those signs.
     if cutlass.const_expr(cfg.rotate):
         h1 = _signed_pair(g, 2 * q, _f16_bits(PHASE1_SCALE_LOG2))
         a_const = [h1, h1, h1, h1 ^ Uint32(0x80008000)]
-        h2 = _signed_pair(g, 2 * q, F16_ONE)       # phase 2's signs (its B: +-svh)
-        b_const = [[h2, h2], [h2, h2 ^ Uint32(0x80008000)]]
+        signs = _signed_pair(g, 2 * q, 0)          # phase 2's B: +-svh
+        half = Uint32(0x1010) + Uint32(g & 1) * Uint32(0x2222)   # svh[n'] is pair n' / 2's
+        sv_base = g // 2                                          # low (n' even) or high half
     else:
         e = _identity_pair(g, 2 * q)
         a_const = [e, zero, zero, e]
@@ -211,9 +212,6 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
     nw = cfg.n // 2
     if cutlass.const_expr(cfg.rotate):
         _f16_butterflies8(a)                      # H8 over the n16 tiles
-        signs = h2 & Uint32(0x80008000)
-        half = Uint32(0x1010) + Uint32(g & 1) * Uint32(0x2222)   # svh[n'] is pair n' / 2's
-        sv_base = g // 2                                          # low (n' even) or high half
     # The products go back into this warp's own 16 rows of the shared block (its A operands
     # are all loaded: the butterflies and products need every one), then out as whole rows:
     # one 16-byte store per lane, two 256-byte rows per instruction. (Stored straight from the
@@ -222,11 +220,12 @@ def _trellis_dequant_kernel(tw: cute.Tensor, suh: cute.Tensor, svh_words: cute.T
     inline_ptx("bar.warp.sync -1;")
     for t in cutlass.range_constexpr(WARPS):
         for j in cutlass.range_constexpr(2):
-            b = b_const[j]
             if cutlass.const_expr(cfg.rotate):
                 pair = svh_block[sv_base + t * 8 + j * 4]
                 sv = permute_bytes(pair, pair, half)          # svh[n'] in both halves
                 b = [sv ^ signs, sv ^ (signs ^ Uint32(0x80008000 * j))]
+            else:
+                b = b_const[j]
             d = mma_m16n8k16_f16_f32(a[t], b, [Float32(0.0)] * 4)
             # d: (k = g, n' = 16t + 8j + 2q, +1) and (k = g + 8, same n')
             col = 8 * t + 4 * j + q

@@ -158,6 +158,14 @@ def trellis_words(trellis) -> jax.Array:
 ROW_LIMIT_LOG2 = 12     # the fp16 boundary: max|x * suh| / s <= 2^12 per row (hadamard.py)
 
 
+def _power_of_two_scale(amax, limit_log2: int):
+    """float32, amax's shape: the smallest power of two s >= amax / 2^limit_log2, at least 1
+    (amax >= 0 float32), by exponent arithmetic (round the exponent up, then subtract)."""
+    bits = lax.bitcast_convert_type(amax, jnp.int32)
+    bits = ((bits + 0x7FFFFF) & 0x7F800000) - (limit_log2 << 23)
+    return lax.bitcast_convert_type(jnp.maximum(bits, 0x3F800000), jnp.float32)
+
+
 def row_scale(x, suh):
     """float32 [m, 1]: each row's power-of-two scale at the fp16 boundary (hadamard.py), the
     smallest s = 2^j >= max|x * suh| / 2^ROW_LIMIT_LOG2 with s >= 1, by exponent arithmetic as
@@ -167,10 +175,7 @@ def row_scale(x, suh):
         suh = jnp.concatenate([jnp.asarray(v, jnp.float32) for v in suh])
     xf = jnp.asarray(x, jnp.float32)
     xs = jnp.tile(xf, (1, suh.shape[0] // xf.shape[1])) * jnp.asarray(suh, jnp.float32)
-    amax = jnp.max(jnp.abs(xs), axis=1, keepdims=True)
-    bits = lax.bitcast_convert_type(amax, jnp.int32)
-    bits = ((bits + 0x7FFFFF) & 0x7F800000) - (ROW_LIMIT_LOG2 << 23)
-    return lax.bitcast_convert_type(jnp.maximum(bits, 0x3F800000), jnp.float32)
+    return _power_of_two_scale(jnp.max(jnp.abs(xs), axis=1, keepdims=True), ROW_LIMIT_LOG2)
 
 
 def input_transform(x, suh):
@@ -550,10 +555,8 @@ def prefill_scale(x):
     batch, at least 1 (exponent arithmetic as row_scale), so fp16(x / s) cannot overflow. The
     dequantize kernel multiplies the weight by s, so y = fp16(x / s) @ (W * s) needs no pass
     over y; W * s overflows fp16 only where |W| * max|x| exceeds ~2^30."""
-    amax = jnp.max(jnp.abs(jnp.asarray(x, jnp.float32))).reshape(1)
-    bits = lax.bitcast_convert_type(amax, jnp.int32)
-    bits = ((bits + 0x7FFFFF) & 0x7F800000) - (PREFILL_LIMIT_LOG2 << 23)
-    return lax.bitcast_convert_type(jnp.maximum(bits, 0x3F800000), jnp.float32)
+    return _power_of_two_scale(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32))).reshape(1),
+                               PREFILL_LIMIT_LOG2)
 
 
 def dequantize_f16(weight: Exl3Weight, *, rotate: bool, scale=None, out_init=None):
@@ -585,13 +588,12 @@ def dequantize_f16(weight: Exl3Weight, *, rotate: bool, scale=None, out_init=Non
         cfg.k, cfg.n)
 
 
-def prefill_matmul(x2, weight: Exl3Weight, *, poison: bool = False):
+def prefill_matmul(x2, weight: Exl3Weight):
     """The prefill plan: y = fp16(x / s) @ (W * s) + bias, float32 [m, n] (x2: float [m, k]).
     One dequantize launch and one XLA dot; no transform kernels."""
     s = prefill_scale(x2)
     x16 = (jnp.asarray(x2, jnp.float32) / s).astype(jnp.float16)
-    init = jnp.full((weight.k * weight.n // 2,), np.uint32(0x7E007E00)) if poison else None
-    w = dequantize_f16(weight, rotate=True, scale=s, out_init=init)
+    w = dequantize_f16(weight, rotate=True, scale=s)
     y = lax.dot_general(x16, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
     return y if weight.bias is None else y + jnp.asarray(weight.bias, jnp.float32)
 
