@@ -176,6 +176,17 @@ def inline_ptx(body: str, *, loc=None, ip=None) -> None:
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
+def lane_pieces(lane, total: int, lanes: int = 32) -> list:
+    """The pieces p = lane + lanes * i (i < ceil(total / lanes)) this lane copies of ``total``
+    pieces split over the lanes; where they do not divide, the spare lanes take the last piece
+    again (the same bytes to the same place), so every lane issues the same copies."""
+    out = []
+    for i in range(-(-total // lanes)):
+        p = lane + lanes * i
+        out.append(cutlass.min(p, total - 1) if total % lanes else p)
+    return out
+
+
 def cp_async_commit():
     """Close this thread's cp.async group (the copies issued since the last commit)."""
     inline_ptx("cp.async.commit_group;")

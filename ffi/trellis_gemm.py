@@ -79,6 +79,12 @@ PAIR_FRAGMENTS_ENV = "EXL3_JAX_PAIR_FRAGMENTS"
 SPLIT_GROUPS_ENV = "EXL3_JAX_SPLIT_GROUPS"
 TILES_ENV = "EXL3_JAX_TILES"
 WGMMA_ENV = "EXL3_JAX_WGMMA"
+PREFILL_FOLD_ENV = "EXL3_JAX_PREFILL_FOLD"   # "1" / "0": force the prefill plan's fold_rotations
+# "R,unroll,splits[,min_ctas]": the decode plan's kernel streams its chunks through a cp.async
+# ring of R slots per warp (MmaConfig.ring; R = 0: direct loads), unroll k16 steps per chunk,
+# splits K-splits, a register cap fitting min_ctas CTAs per SM (0 keeps the plan's); the row
+# linear then steps aside at m = 1. "off": the plans as before the ring (direct loads).
+DECODE_RING_ENV = "EXL3_JAX_DECODE_RING"
 
 if emulate.enabled():        # before any kernel call traces (scripts call the kernels directly)
     emulate.install()
@@ -133,13 +139,39 @@ def plan_force() -> str | None:
 def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPlan:
     """The plan of one linear on this process's device (its SMs and arch; a CPU process plans
     for $CUTE_DSL_ARCH), ``force`` or $EXL3_JAX_PLAN picking the kind."""
+    return plan_for_shape(m, weight.k, weight.n, force)
+
+
+def plan_for_shape(m: int, k: int, n: int, force: str | None = None) -> TrellisPlan:
+    """plan_for of an [m, k] @ [k, n] linear (a linear group: n the members' sum), with the
+    tuning environment ($EXL3_JAX_TILES, _WGMMA, _DECODE_RING, _PREFILL_FOLD) applied."""
     from .aot import device_arch
-    plan = select_plan(m, weight.k, weight.n, sms=device_sms(), force=force or plan_force(),
+    plan = select_plan(m, k, n, sms=device_sms(), force=force or plan_force(),
                        hopper=device_arch() == "sm_90a")
     tiling = os.environ.get({"tiles": TILES_ENV, "wgmma": WGMMA_ENV}.get(plan.kind, ""), "")
     if tiling:
         from exl3_jax.ops.plans import tiled_plan
-        plan = tiled_plan(plan.kind, m, weight.k, weight.n, tiling)
+        plan = tiled_plan(plan.kind, m, k, n, tiling)
+    ring = os.environ.get(DECODE_RING_ENV, "")
+    if plan.kind == "decode" and ring == "off":
+        from exl3_jax.ops.plans import decode_plan
+        plan = decode_plan(m, k, n, sms=device_sms(), ring=False)
+    elif plan.kind == "decode" and ring:
+        try:
+            slots, unroll, splits, *cap = (int(v) for v in ring.split(","))
+            if len(cap) > 1:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{DECODE_RING_ENV} must be 'slots,unroll,splits[,min_ctas]', "
+                             f"got {ring!r}") from None
+        plan = dataclasses.replace(plan, ring=slots, unroll=unroll or plan.unroll,
+                                   splits=splits or plan.splits,
+                                   min_ctas=cap[0] if cap and cap[0] else plan.min_ctas)
+    fold = os.environ.get(PREFILL_FOLD_ENV, "")
+    if plan.kind == "prefill" and fold:
+        if fold not in ("0", "1"):
+            raise ValueError(f"{PREFILL_FOLD_ENV} must be 0 or 1, got {fold!r}")
+        plan = dataclasses.replace(plan, fold_rotations=fold == "1")
     return plan
 
 
@@ -292,13 +324,20 @@ def _split_groups(K) -> int:
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
     """The decode kernel's MmaConfig for ``weight`` (a group: its first member, and
     ``members`` the members' n)."""
-    from .trellis_mma import MmaConfig
-    return MmaConfig(codebook=weight.codebook, K=weight.K, m_blocks=-(-plan.m // plan.m_tile),
-                     k=weight.k, n=sum(members) or weight.n, m_tile=plan.m_tile,
-                     n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
-                     unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
-                     one_token=_one_token(plan), pair_fragments=_pair_fragments(),
-                     split_groups=_split_groups(weight.K)).validate()
+    from .trellis_mma import RING_SMEM_BYTES, MmaConfig
+    cfg = MmaConfig(codebook=weight.codebook, K=weight.K, m_blocks=-(-plan.m // plan.m_tile),
+                    k=weight.k, n=sum(members) or weight.n, m_tile=plan.m_tile,
+                    n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
+                    unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
+                    one_token=_one_token(plan), pair_fragments=_pair_fragments(),
+                    split_groups=_split_groups(weight.K))
+    if plan.ring and cfg.ring_layout_ok:    # else (packed pairs): direct loads
+        cfg = dataclasses.replace(cfg, ring=plan.ring)
+        # wide tiles (K >= 7 at 8 steps) or 8 tokens' B fragments: shorter chunks until the
+        # ring fits its shared memory
+        while cfg.ring_bytes > RING_SMEM_BYTES and cfg.unroll > 1:
+            cfg = dataclasses.replace(cfg, unroll=cfg.unroll // 2)
+    return cfg.validate()
 
 
 TOKEN_TILE_KINDS = ("tiles", "wgmma")     # plans whose kernel takes row-major f16 pairs
@@ -475,7 +514,7 @@ def _row_linear_config(weights, plan: TrellisPlan):
     tiling fits (trellis_linear.row_plan), or $EXL3_JAX_ROW_LINEAR is 0."""
     from .hadamard import HadamardConfig
     mode = os.environ.get(ROW_LINEAR_ENV, "1")
-    if mode == "0" or plan.kind != "decode" or plan.m != 1:
+    if mode == "0" or plan.kind != "decode" or plan.m != 1 or plan.ring:
         return None
     from . import trellis_linear
     weights = _as_members(weights)
@@ -680,8 +719,13 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
             part = tiles_partials_words(f16_words(xh), weight, plan)
             y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
                              splits=cfg.splits, n=weight.n)
-    else:
+    elif plan.fold_rotations:
         y = prefill_matmul(x2, weight)
+    else:                     # transform kernels around xh @ W_hat (PREFILL_FOLD_MIN_M)
+        xh, scale = hadamard_in(x2, weight.suh, m)
+        part = rotated_matmul(xh.reshape(m, weight.k), weight, plan)
+        y = hadamard_out(part.reshape(-1), weight.svh, weight.bias, scale, m=m, m_pad=m,
+                         splits=1, n=weight.n)
     return y.reshape(*lead, weight.n)
 
 
@@ -736,7 +780,7 @@ def trellis_matmul_group_gpu(x, weights):
     lead = x.shape[:-1]
     m = int(np.prod(lead)) if lead else 1
     k = weights[0].k
-    plan = select_plan(m, k, sum(w.n for w in weights), sms=device_sms(), force="decode")
+    plan = plan_for_shape(m, k, sum(w.n for w in weights), force="decode")
     y = trellis_matmul_group(jnp.reshape(x, (m, k)), weights, plan)
     starts = np.cumsum([0] + [w.n for w in weights])
     return [y[:, a:b].reshape(*lead, b - a) for a, b in zip(starts[:-1], starts[1:])]

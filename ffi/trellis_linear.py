@@ -39,7 +39,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Uint32
 
-from exl3_jax.ops.plans import DEFAULT_SMS
+from exl3_jax.ops.plans import DEFAULT_SMS, ROW_LINEAR_MAX_WEIGHTS
 
 from .cute_ops import cta_thread_ids, lane_funnels
 from .hadamard import (HadamardConfig, _hadamard_out_kernel, cta_max, power_of_two_inverse,
@@ -54,8 +54,9 @@ from .trellis_mma import (MmaTiling, check_group_members, fold_warp_partials,
 MAX_SPLITS = 32          # the output transform sums this many partials per element at most
 # Larger linears keep the three calls: their decode kernel outweighs the saved launch, and the
 # row GEMM ran ~10% slower per weight than trellis_mma's at 8192x28672 (77.9 vs 69.2 us, K4 mcg;
-# 4096x14336: 23.8 vs 23.9; 14336x4096: 25.3 vs 26.7; H200, session 15, bench/NOTES.md).
-MAX_WEIGHTS = 1 << 26
+# 4096x14336: 23.8 vs 23.9; 14336x4096: 25.3 vs 26.7; H200, session 15, bench/NOTES.md); since
+# session 24 their decode kernel streams its loads through a cp.async ring (plans.decode_plan).
+MAX_WEIGHTS = ROW_LINEAR_MAX_WEIGHTS      # larger linears: the decode plan's ring (plans.py)
 MIN_CTAS_PER_SM = 2      # split K further while the grid is smaller
 CTAS_PER_SM = 5          # resident CTAs of the row GEMM (44-58 registers x 256 threads, sm_90a)
 

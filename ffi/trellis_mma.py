@@ -25,12 +25,15 @@ Why this shape of kernel:
     Those B words come in B-fragment order from the input transform, so a lane's 4 B
     registers of a step are one 16-byte load (512 contiguous bytes per warp); row-major B costs
     8 L1 wavefronts per load (8 token rows).
-  * No shared-memory staging of weights: each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8)
-    or 8 (K = 7) ring words straight from global memory; all 32 lanes hit the same 32*K-byte
-    tile, so the loads coalesce.
-    A warp works in chunks of ``unroll`` k16 steps and issues every load of a chunk (weights and
-    activations) before decoding any of it: the decode is a few dozen instructions per tile, so
-    without this each warp keeps only ~200 bytes in flight and the kernel is latency bound.
+  * Direct loads (dense_k_loop): each lane reads its 2 (K <= 4, 2.5), 4 (K = 3.5, 5, 6, 8) or 8
+    (K = 7) ring words straight from global memory; all 32 lanes hit the same 32*K-byte tile,
+    so the loads coalesce. A warp works in chunks of ``unroll`` k16 steps and issues every load
+    of a chunk (weights and activations) before decoding any of it (ptxas keeps about one step
+    of them in flight: 30 registers at m = 1).
+  * The cp.async ring (ring_k_loop, MmaConfig.ring: one token past 2^26 weights): the same
+    chunks copied by cp.async into a per-warp ring of shared-memory slots, two chunks in flight
+    while one decodes from shared memory; 4-17% faster at those shapes (H100, session 24),
+    slower with 2+ token groups (their B fragments fill the slots) and under a register cap.
   * The warps of a CTA share the same n16 tiles and interleave over k16 tiles; their partial sums
     are folded in shared memory, so K-splitting across CTAs (grid y) is only needed to fill the
     GPU and its fp32 partial traffic stays small.
@@ -61,14 +64,19 @@ from cutlass import Float32, Uint32
 
 from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
 
-from .cute_ops import (LOP3_CODEBOOKS, cta_thread_ids, decode_words, decode_words_split,
-                       half_in_both, lane_funnels, load_shared_words_v4, load_tile_words,
+from cutlass import Int64
+
+from .cute_ops import (LOP3_CODEBOOKS, cp_async_16, cp_async_commit, cp_async_wait,
+                       cta_thread_ids, decode_words, decode_words_split, half_in_both,
+                       inline_ptx, lane_funnels, lane_pieces, load_shared_words_v4,
+                       load_tile_words,
                        load_words_v4, mma_m16n8k16_f16_f32)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, KSplitShape,
                                b_fragment_word, lane_geometry, pair_fragment_word,
                                token_fragment_word)
 
 MAX_MEMBERS = 3        # linears per group kernel (q/k/v); the kernel takes this many trellis args
+RING_SMEM_BYTES = 96 * 1024   # a ring larger than this would leave fewer than 2 CTAs per SM
 
 
 def member_tile_ranges(ns) -> tuple:
@@ -193,6 +201,10 @@ class MmaConfig(MmaTiling):
     # 3inst / mcg with up to this many token groups run split pairs (MmaTiling.split_pairs;
     # trellis_gemm.SPLIT_GROUPS_BY_K picks it, EXL3_JAX_SPLIT_GROUPS overrides).
     split_groups: int = 1
+    # Chunk slots of each warp's cp.async ring in shared memory (ring_k_loop; 0: every lane
+    # loads its words straight from global memory, dense_k_loop). Split pairs with B
+    # fragments in fragment order ("token", "fragments").
+    ring: int = 0
 
     @property
     def x_k16(self) -> int:
@@ -211,6 +223,42 @@ class MmaConfig(MmaTiling):
     def grid(self) -> tuple[int, int, int]:
         return (self.n16 // self.n_tiles, self.splits, self.m_blocks)
 
+    @property
+    def warp_chunks(self) -> int:
+        """Chunks (``unroll`` k16 steps each) per warp and K-split."""
+        return self.k_per_split // (self.warps * self.unroll)
+
+    @property
+    def x_step_words(self) -> int:
+        """Activation words per k16 step and token group in the ring's layouts: one token's 4
+        lanes x 4 registers ("token") or 32 lanes x 4 ("fragments")."""
+        return 4 * B_REGS if self.x_layout == "token" else LANES * B_REGS
+
+    @property
+    def ring_weight_words(self) -> int:
+        """Weight words of one ring slot: the chunk's unroll x n_tiles tiles back to back."""
+        return self.unroll * self.n_tiles * lane_geometry(self.K).words
+
+    @property
+    def ring_slot_words(self) -> int:
+        """Words of one ring slot: the chunk's weights, then its activation words (token group
+        g's unroll steps of x_step_words each)."""
+        return self.ring_weight_words + self.m_groups * self.unroll * self.x_step_words
+
+    @property
+    def ring_layout_ok(self) -> bool:
+        """Whether ring_k_loop serves this kernel: split pairs in fragment order."""
+        return self.x_layout in ("token", "fragments")
+
+    @property
+    def ring_words(self) -> int:
+        return self.warps * self.ring * self.ring_slot_words
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of the ring kernel: the ring, whose bytes the warps' fold reuses."""
+        return 4 * max(self.ring_words, self.warps * self.acc_regs * 32)
+
     def validate(self) -> "MmaConfig":
         if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
             raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
@@ -218,6 +266,15 @@ class MmaConfig(MmaTiling):
             raise ValueError(f"one_token needs one token tile of 8 rows (split pairs), got "
                              f"m_pad={self.m_pad}")
         self.check_tiling()
+        if self.ring:
+            if self.ring < 2 or not self.ring_layout_ok:
+                raise ValueError(f"a cp.async ring needs >= 2 slots and split pairs in "
+                                 f"fragment order, got ring={self.ring}, layout "
+                                 f"{self.x_layout!r}")
+            if self.ring_bytes > RING_SMEM_BYTES:
+                raise ValueError(f"ring of {self.ring} slots x {self.ring_slot_words} words x "
+                                 f"{self.warps} warps exceeds {RING_SMEM_BYTES} bytes of "
+                                 f"shared memory")
         if self.members:
             check_group_members(self.members, self.n)
             if any(n % (16 * self.n_tiles) for n in self.members):
@@ -427,14 +484,20 @@ def zero_accumulators(cfg):
     return acc
 
 
-def fold_warp_partials(acc, warp, lane, cfg):
+def fold_warp_partials(acc, warp, lane, cfg, reuse=None):
     """Write this warp's accumulators to shared memory, red[(w * acc_regs + i) * 32 + lane],
     and barrier; returns red (fp32 [warps * acc_regs * 32]). The warps' sums are then read back
-    by ``summed_fragment``. Plain Python inlined at trace time (so plain ``range``:
-    the DSL preprocessor does not rewrite helpers)."""
+    by ``summed_fragment``. ``reuse``: a shared uint32 tensor at least that large that the CTA
+    is done with (the decode ring), taken after a barrier instead of more shared memory.
+    Plain Python inlined at trace time (so plain ``range``: the DSL preprocessor does not
+    rewrite helpers)."""
     nacc = cfg.acc_regs
-    smem = cutlass.memory.SmemAllocator()
-    red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
+    if reuse is None:
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout(cfg.warps * nacc * 32), 16)
+    else:
+        cute.arch.sync_threads()              # every warp has read its last ring slot
+        red = cute.recast_tensor(reuse, Float32)
     for i in range(nacc):
         red[(warp * nacc + i) * 32 + lane] = acc[i]
     cute.arch.sync_threads()
@@ -501,12 +564,105 @@ def dense_k_loop(xw, tw, tile0, x_base, k0, warp, acc, funnels: list, cfg: cutla
     mul1_affine(acc, xsum, cfg)
 
 
+def copy_ring_chunk(xw, tw, c0, tile0, x0, slot_address, lane, geo, cfg, n16):
+    """This lane's cp.asyncs of the chunk at k16 step c0 into the ring slot at shared byte
+    address slot_address (ring_k_loop): the warp's unroll x n_tiles weight tiles (row kt = c0 +
+    u holds tiles tile0 .. tile0 + n_tiles - 1 back to back in global memory: one contiguous
+    run per row) as piece p -> slot byte 16 p, then the activation words of every token group
+    (x0: word of token group 0 at the linear's first k16 step (a group member's row segment);
+    group g's chunk is unroll * x_step_words words from x0 + (g * x_k16 + c0) * x_step_words;
+    n16: the linear's n16 tiles, a group member's own). The pieces split over the lanes as
+    lane_pieces does. Joins the caller's cp.async group. Plain Python inlined at trace time."""
+    w_src = tw.iterator.toint()
+    x_src = xw.iterator.toint()
+    row = cfg.n_tiles * geo.words // 4            # pieces per k16 row
+    for p in lane_pieces(lane, cfg.unroll * row):
+        u, q = p // row, p % row
+        cp_async_16(slot_address + p * 16,
+                    w_src + Int64(((c0 + u) * n16 + tile0) * geo.words + 4 * q) * 4)
+    group = cfg.unroll * cfg.x_step_words // 4     # pieces per token group
+    x_address = slot_address + cfg.ring_weight_words * 4
+    for p in lane_pieces(lane, cfg.m_groups * group):
+        g, q = p // group, p % group
+        cp_async_16(x_address + p * 16,
+                    x_src + Int64(x0 + (g * cfg.x_k16 + c0) * cfg.x_step_words + 4 * q) * 4)
+
+
+def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
+    """(wbuf, bfrag) of the chunk in the ring slot at word slot_word of ``ring`` (the shared
+    buffer), as load_chunk returns them: each tile's words by ``load_tile_words``' funnels,
+    each step's B registers one 16-byte shared load (lane t % 4's of one token, or the lane's
+    own of the token group's fragment block)."""
+    wbuf = [load_tile_words(ring, slot_word + t * geo.words, funnels, geo)
+            for t in range(cfg.unroll * cfg.n_tiles)]
+    lane_word = (lane % 4 if cfg.x_layout == "token" else lane) * B_REGS
+    x_word = slot_word + cfg.ring_weight_words + lane_word
+    words = []
+    for g in range(cfg.m_groups):
+        for u in range(cfg.unroll):
+            words += load_shared_words_v4(ring, x_word, (g * cfg.unroll + u) * cfg.x_step_words)
+    # fragments_of_words takes the words step-major with the groups inside each step
+    order = [(g * cfg.unroll + u) * B_REGS + r for u in range(cfg.unroll)
+             for g in range(cfg.m_groups) for r in range(B_REGS)]
+    return wbuf, fragments_of_words([words[i] for i in order], cfg)
+
+
+def x_block_word(m0, kt0, cfg):
+    """x0 of copy_ring_chunk: the word of the CTA's token group 0 at k16 step kt0 (a group
+    member's row segment starts at kt0 = i * k16)."""
+    if cfg.x_layout == "token":
+        return token_fragment_word(kt0 * 16)
+    return b_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)
+
+
 @cute.jit
-def store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg: cutlass.Constexpr):
-    """The dense kernels' epilogue: fold the warps' accumulators and write every element of the
-    CTA's tiles (padded tokens too) to split ``by`` of out."""
+def ring_k_loop(xw, tw, ring, tile0, x0, k0, warp, lane, acc, funnels: list,
+                cfg: cutlass.Constexpr, n16: cutlass.Constexpr = None):
+    """dense_k_loop's chunks (the same k16 steps per warp, in the same order, so the sums are
+    bit for bit the same) with every load moved into a cp.async ring of cfg.ring slots per
+    warp (``ring``: the CTA's shared buffer, ring_words words; this warp's slots at word
+    warp * ring * ring_slot_words): chunks c + 1 .. c + R - 1 are in flight while chunk c is
+    decoded from shared memory. The copies of chunk c + R - 1 go into the slot that chunk
+    c - 1 was read from, after a warp barrier that follows every lane's reads of it and
+    publishes chunk c's landed copies to the whole warp (cp.async.wait_group makes them
+    visible to the issuing lane only). Past the last chunk the copies re-load it (in bounds,
+    into slots never read again). n16: as dense_k_loop's."""
+    geo = lane_geometry(cfg.K)
+    n16 = cfg.n16 if n16 is None else n16
+    xsum = mul1_sums(cfg)
+    last = cfg.warp_chunks - 1
+    step = cfg.warps * cfg.unroll
+    ring_word = warp * cfg.ring * cfg.ring_slot_words
+    base = ring.iterator.toint()
+    for j in cutlass.range_constexpr(cfg.ring - 1):
+        copy_ring_chunk(xw, tw, k0 + min(j, last) * step + warp * cfg.unroll, tile0,
+                        x0, base + (ring_word + j * cfg.ring_slot_words) * 4, lane, geo, cfg,
+                        n16)
+        cp_async_commit()
+    for c in cutlass.range(cfg.warp_chunks):
+        cp_async_wait(cfg.ring - 2)                # chunk c's copies by this lane have landed
+        inline_ptx("bar.warp.sync -1;")
+        ahead = c + cfg.ring - 1
+        copy_ring_chunk(xw, tw, k0 + cutlass.min(ahead, last) * step + warp * cfg.unroll,
+                        tile0, x0,
+                        base + (ring_word + (ahead % cfg.ring) * cfg.ring_slot_words) * 4,
+                        lane, geo, cfg, n16)
+        cp_async_commit()
+        wbuf, bfrag = ring_chunk_operands(ring, ring_word + (c % cfg.ring) * cfg.ring_slot_words,
+                                          lane, funnels, geo, cfg)
+        mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+    cp_async_wait(0)                               # nothing in flight when the CTA exits
+    mul1_affine(acc, xsum, cfg)
+
+
+@cute.jit
+def store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg: cutlass.Constexpr,
+                       reuse=None):
+    """The dense kernels' epilogue: fold the warps' accumulators (in ``reuse``, see
+    fold_warp_partials) and write every element of the CTA's tiles (padded tokens too) to
+    split ``by`` of out."""
     nacc = cfg.acc_regs
-    red = fold_warp_partials(acc, warp, lane, cfg)
+    red = fold_warp_partials(acc, warp, lane, cfg, reuse)
     for e in cutlass.range_constexpr(-(-(nacc * 32) // cfg.threads)):
         idx = tid + e * cfg.threads
         if idx < nacc * 32:
@@ -523,10 +679,17 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     m0 = bz * cfg.m_tile
     funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
     acc = zero_accumulators(cfg)
-    dense_k_loop(xw, tw, tn0, x_base_word(m0, 0, lane, cfg), by * cfg.k_per_split, warp, acc,
-                 funnels, cfg)
-
-    store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
+    if cutlass.const_expr(cfg.ring):
+        # the ring, then the warps' fold in the same bytes
+        ring = cutlass.memory.SmemAllocator().allocate_tensor(
+            Uint32, cute.make_layout(cfg.ring_bytes // 4), 16)
+        ring_k_loop(xw, tw, ring, tn0, x_block_word(m0, 0, cfg), by * cfg.k_per_split, warp,
+                    lane, acc, funnels, cfg)
+        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg, ring)
+    else:
+        dense_k_loop(xw, tw, tn0, x_base_word(m0, 0, lane, cfg), by * cfg.k_per_split, warp,
+                     acc, funnels, cfg)
+        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
 
 
 @cute.kernel
@@ -543,14 +706,25 @@ def _trellis_mma_group_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tenso
     funnels = lane_funnels(geo, lane)
     acc = zero_accumulators(cfg)
     tws = (tw0, tw1, tw2)
-    for i in cutlass.range_constexpr(len(cfg.members)):
-        t0, n16 = cfg.member_tiles[i]
-        if tn0 >= t0:
-            if tn0 < t0 + n16:
-                dense_k_loop(xw, tws[i], tn0 - t0, x_base_word(m0, i * cfg.k16, lane, cfg),
-                             k0, warp, acc, funnels, cfg, n16)
-
-    store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
+    if cutlass.const_expr(cfg.ring):
+        ring = cutlass.memory.SmemAllocator().allocate_tensor(
+            Uint32, cute.make_layout(cfg.ring_bytes // 4), 16)
+        for i in cutlass.range_constexpr(len(cfg.members)):
+            t0, n16 = cfg.member_tiles[i]
+            if tn0 >= t0:
+                if tn0 < t0 + n16:
+                    ring_k_loop(xw, tws[i], ring, tn0 - t0, x_block_word(m0, i * cfg.k16, cfg),
+                                k0, warp, lane, acc, funnels, cfg, n16)
+        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg, ring)
+    else:
+        for i in cutlass.range_constexpr(len(cfg.members)):
+            t0, n16 = cfg.member_tiles[i]
+            if tn0 >= t0:
+                if tn0 < t0 + n16:
+                    dense_k_loop(xw, tws[i], tn0 - t0,
+                                 x_base_word(m0, i * cfg.k16, lane, cfg), k0, warp, acc,
+                                 funnels, cfg, n16)
+        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
 
 
 @cute.jit

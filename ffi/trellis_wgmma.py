@@ -66,7 +66,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .cute_ops import (cp_async_16, cp_async_commit, cp_async_wait, cta_thread_ids,
-                       decode_words, hadamard128_lane, inline_ptx, lane_funnels, load_tile_words)
+                       decode_words, hadamard128_lane, inline_ptx, lane_funnels, lane_pieces,
+                       load_tile_words)
 from .hadamard import SCALE as HAD_SCALE
 from .trellis_geometry import A_OPERAND_PAIRS, lane_geometry
 from .trellis_tiles import TokenTiles
@@ -324,15 +325,11 @@ def weight_piece(p, geo):
 def _copy_weights_async(tw, ks, tn, slot_address, lane, geo, cfg):
     """This lane's cp.asyncs of the warp's weight words of the chunk at k16 step ks into the
     ring slot at shared byte address slot_address (piece p of the chunk at slot_address + 16 p:
-    the slot holds the K_CHUNK tiles back to back). Where the pieces do not divide over the
-    lanes, the last piece is copied by the spare lanes too (the same bytes to the same place).
+    the slot holds the K_CHUNK tiles back to back; the pieces split over the lanes as
+    cute_ops.lane_pieces does).
     Joins the next cp.async group (committed by the caller)."""
     src = tw.iterator.toint()
-    total = K_CHUNK * geo.words // 4
-    for i in range(-(-total // 32)):
-        p = lane + 32 * i
-        if total % 32:
-            p = cutlass.min(p, total - 1)
+    for p in lane_pieces(lane, K_CHUNK * geo.words // 4):
         kk, q = weight_piece(p, geo)
         cp_async_16(slot_address + p * 16,
                     src + Int64(((ks + kk) * cfg.n16 + tn) * geo.words + 4 * q) * 4)

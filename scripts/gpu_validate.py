@@ -188,6 +188,12 @@ def forced_plan(m, k, n, kind):
     if kind == "wgmma_fused":
         return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
+    if kind == "decode_ring":                   # loads through a 3-slot cp.async ring
+        plan = select_plan(m, k, n, force="decode")
+        return dataclasses.replace(plan, ring=3, unroll=min(plan.unroll, 2))
+    if kind in ("prefill", "prefill_fold"):     # the rotations folded into the weight or not
+        return dataclasses.replace(select_plan(m, k, n, force="prefill"),
+                                   fold_rotations=kind == "prefill_fold")
     return select_plan(m, k, n, force=kind)
 
 
@@ -205,10 +211,12 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
     from exl3_jax.ffi.aot import device_arch
     hopper = device_arch() == "sm_90a"
     cases = [(m, kind) for m in ms
-             for kind in (("decode", "prefill") + (("wgmma",) if hopper else ()) if m <= 32 else
-                          ("tiles", "prefill") + (("wgmma", "wgmma_tight", "wgmma_fused")
-                                                  if hopper else ()))
-             if kinds is None or kind in kinds]
+             for kind in (("decode", "decode_ring", "prefill", "prefill_fold")
+                          + (("wgmma",) if hopper else ())
+                          if m <= 32 else
+                          ("tiles", "prefill", "prefill_fold") + (
+                              ("wgmma", "wgmma_tight", "wgmma_fused") if hopper else ()))
+             if kinds is None or kind.split("_")[0] in kinds or kind in kinds]
     plans = [forced_plan(m, k, n, kind) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
@@ -607,7 +615,7 @@ def run_memcheck(kind: str) -> int:
     w = gb.random_weight(k, n, 3, "mcg")
     bad = 0
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
-    runs = {"decode": [(5, "decode"), (1, "decode")], "prefill": [(40, "prefill")],
+    runs = {"decode": [(5, "decode"), (1, "decode"), (5, "decode_ring"), (1, "decode_ring")], "prefill": [(40, "prefill"), (40, "prefill_fold")],
             "tiles": [(200, "tiles")],
             "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
     for m, variant in runs:

@@ -83,7 +83,8 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
         assert row["token_tiles_bit_exact"] and row["wgmma_mismatches"] == 0, row
     gemm = sections["gemm"]["result"]
     kinds = {r["plan"] for r in gemm}
-    assert {"decode", "prefill", "tiles", "wgmma", "wgmma_tight", "wgmma_fused"} <= kinds, kinds
+    assert {"decode", "decode_ring", "prefill", "prefill_fold", "tiles", "wgmma",
+            "wgmma_tight", "wgmma_fused"} <= kinds, kinds
     assert [r for r in gemm if not r["ok"]] == []
     for name in ("group", "row_linear", "dispatch", "row_scale"):
         rows = sections[name]["result"]
@@ -155,6 +156,65 @@ def test_dispatch_on_fresh_inputs_through_the_emulated_kernels(rng, arch, env, m
         assert row["nonfinite"] == 0 and row["rel"] <= 1e-3, row
 
 
+# The decode kernel with its loads through the cp.async ring (MmaConfig.ring) against the same
+# plan with direct loads: the same chunks per warp in the same order, so bit for bit the same.
+RING = """
+import dataclasses, json, sys
+import jax, jax.numpy as jnp, numpy as np
+from exl3_jax.ffi import trellis_gemm as tg
+from exl3_jax.ffi.bench import random_weight
+from exl3_jax.ops.plans import select_plan
+from exl3_jax.trellis import linear_reference
+rng = np.random.default_rng(int(sys.argv[1]))
+for cb, K, k, n, m, ring, unroll, splits, *members in json.loads(sys.argv[2]):
+    ws = [random_weight(k, ni, K, cb, seed=int(rng.integers(2**31))) for ni in members or [n]]
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    direct = dataclasses.replace(select_plan(m, k, n, force="decode"), unroll=unroll,
+                                 splits=splits)
+    plan = dataclasses.replace(direct, ring=ring)
+    cfg = tg._group_config(ws, plan) if members else tg._mma_config(ws[0], plan)
+    assert cfg.ring == ring, cfg
+    if members:      # a linear group (q/k/v-like): one launch over the members' tiles
+        f = lambda x, p: tg.trellis_matmul_group(x, ws, p)
+    else:
+        f = lambda x, p: tg.trellis_matmul_gpu(x, ws[0], plan=p)
+    y0, y1 = (np.asarray(jax.jit(f, static_argnums=1)(x, p)) for p in (direct, plan))
+    ref = np.concatenate([np.asarray(linear_reference(x, w.trellis, w.suh, w.svh, cb, w.bias),
+                                     np.float64) for w in ws], axis=1)
+    print(json.dumps(dict(case=[cb, K, k, n, m, ring, unroll, splits], chunks=cfg.warp_chunks,
+                          layout=cfg.x_layout, same=bool((y0 == y1).all()),
+                          nonfinite=int((~np.isfinite(y1)).sum()),
+                          rel=float(np.linalg.norm(y1 - ref) / np.linalg.norm(ref)))),
+          flush=True)
+"""
+
+# (codebook, K, k, n, m, ring slots, unroll, splits): one token ("token" layout) and 2-8 tokens
+# ("fragments"), chunks per warp from 1 (fewer than the ring's lead) to 4 (wrapping around),
+# weight pieces that do not divide over the lanes (K = 3, 2.5, 3.5), mul1's affine epilogue,
+# linear groups (members' n last: one launch, each member's tiles and activation segment).
+RING_CASES = [("mcg", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 4, 1024, 256, 1, 2, 4, 1),
+              ("3inst", 3, 512, 256, 1, 3, 1, 1), ("mcg", 3, 1024, 256, 5, 3, 2, 1),
+              ("mul1", 2.5, 512, 256, 1, 4, 1, 4), ("mul1", 3.5, 256, 256, 1, 3, 1, 1),
+              ("mcg", 4, 512, 256, 16, 2, 1, 1), ("mcg", 4, 512, 512, 1, 3, 2, 1, 256, 128, 128),
+              ("mul1", 4, 512, 512, 5, 2, 1, 1, 256, 256)]
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_decode_ring_equals_direct_loads(rng, arch):
+    seed = int(rng.integers(2**31))
+    cases = RING_CASES if arch == "sm_90a" else RING_CASES[:2]
+    proc = _emulated(["-c", RING, str(seed), json.dumps(cases)], timeout=900, arch=arch,
+                     env={"EXL3_JAX_ROW_LINEAR": "0"})
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == len(cases)
+    assert {r["layout"] for r in rows} == ({"token", "fragments"} if arch == "sm_90a"
+                                           else {"token"})
+    assert {r["chunks"] for r in rows} >= ({1, 2, 4} if arch == "sm_90a" else {2, 4}), rows
+    for row in rows:
+        assert row["same"] and row["rel"] <= 1e-3, row
+
+
 MOE = """
 import sys
 import jax, numpy as np
@@ -170,6 +230,14 @@ print(np.asarray(jax.jit(lambda x: tm.moe_gpu(x, ids, w, w13, down))(x)).shape)
 # name -> (kernel file, its text, the text without the synchronisation, driver script, extra
 # environment, driver arguments, the error the interpreter must report)
 BUGS = {
+    "decode-ring-read-before-its-copies-land": (
+        "trellis_mma.py",
+        "        cp_async_wait(cfg.ring - 2)                # chunk c's copies by this lane have landed\n",
+        "",
+        RING.replace("from exl3_jax.ffi import trellis_gemm as tg",
+                     "import ffi.trellis_gemm as tg"),
+        {"EXL3_JAX_ROW_LINEAR": "0"}, ["1", json.dumps([("mcg", 4, 1024, 256, 1, 3, 2, 1)])],
+        "shared bytes accessed before their cp.async landed"),
     "wgmma-without-stage-barrier": (
         "trellis_wgmma.py",
         "        cp_async_wait(1)                          # chunk c + 1 has landed\n"

@@ -14,6 +14,8 @@ The kernels' numerics are validated on the H200 by scripts/gpu_validate.py (benc
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,12 +131,16 @@ def test_plan_selection(k, n, hopper):
         if hopper and m <= 128:
             assert p == plans.select_plan(m, k, n, force="wgmma")
             continue
-        assert p == plans.TrellisPlan("prefill", m)   # the dequantize grid is fixed
+        # the dequantize grid is fixed; the rotations fold into the weight from 2048 rows
+        assert p == plans.TrellisPlan("prefill", m, fold_rotations=m >= 2048)
     # Static and deterministic: a decode loop at fixed m always gets the same plan (no
-    # recompiles), and m = 1..8 share one binary (the kernel config does not contain m).
+    # recompiles), and m = 2..8 share one binary (the kernel config does not contain m; m = 1
+    # has its own one-token layout, and above ROW_LINEAR_MAX_WEIGHTS its own ring plan).
     assert plans.select_plan(5, k, n) == plans.select_plan(5, k, n)
-    assert len({(p.m_tile, p.splits) for p in (plans.select_plan(m, k, n)
-                                               for m in range(1, 9))}) == 1
+    assert len({(p.m_tile, p.splits, p.unroll) for p in (plans.select_plan(m, k, n)
+                                                         for m in range(2, 9))}) == 1
+    one = plans.select_plan(1, k, n)
+    assert one.ring == (plans.RING_SLOTS if k * n > plans.ROW_LINEAR_MAX_WEIGHTS else 0)
 
 
 @pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
@@ -304,8 +310,32 @@ def test_plan_forcing_and_errors(monkeypatch):
     w = random_weight(np.random.default_rng(0), 256, 256, 3, "mcg")
     monkeypatch.setenv(tg.PLAN_ENV, "prefill")
     assert tg.plan_for(4, w).kind == "prefill"
+    # the prefill plan's rotations: folded from 2048 rows, forced either way by the env
+    assert not tg.plan_for(4, w).fold_rotations and tg.plan_for(2048, w).fold_rotations
+    monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "1")
+    assert tg.plan_for(4, w).fold_rotations
+    monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "0")
+    assert not tg.plan_for(4096, w).fold_rotations
+    monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "yes")
+    with pytest.raises(ValueError, match="EXL3_JAX_PREFILL_FOLD must be 0 or 1"):
+        tg.plan_for(4, w)
+    monkeypatch.delenv(tg.PREFILL_FOLD_ENV)
     monkeypatch.setenv(tg.PLAN_ENV, "auto")
     assert tg.plan_for(4, w).kind == "decode"
+    # the decode kernel's cp.async ring: slots, unroll, splits (0: the plan's), register cap
+    monkeypatch.setenv(tg.DECODE_RING_ENV, "3,2,0,6")
+    auto = plans.select_plan(1, 256, 256)
+    assert tg.plan_for(1, w) == dataclasses.replace(auto, ring=3, unroll=2, min_ctas=6)
+    assert tg.plan_for(64, w).ring == 0                  # other plan kinds keep theirs
+    monkeypatch.setenv(tg.DECODE_RING_ENV, "3,2")
+    with pytest.raises(ValueError, match="slots,unroll,splits"):
+        tg.plan_for(1, w)
+    # "off": one token past the row linear's size plans direct loads, as before the ring
+    monkeypatch.setenv(tg.DECODE_RING_ENV, "off")
+    big = (1, 8192, 8320)
+    assert tg.plan_for_shape(*big) == plans.decode_plan(*big, sms=tg.device_sms(), ring=False)
+    monkeypatch.delenv(tg.DECODE_RING_ENV)
+    assert tg.plan_for_shape(*big).ring == plans.RING_SLOTS
     # The device's arch decides whether auto may take wgmma (a CPU process: $CUTE_DSL_ARCH).
     for arch, kind in (("sm_90a", "wgmma"), ("sm_120a", "prefill"), (None, "prefill")):
         monkeypatch.setattr(aot, "device_arch", lambda arch=arch: arch)
@@ -325,6 +355,8 @@ def test_plan_splits_balance_cta_work(k, n):
     k16, n16 = k // 16, n // 16
     for m in (1, 8, 16, 32):
         p = plans.select_plan(m, k, n)
+        if p.ring:              # one token past the row linear's size: test_ring_plan
+            continue
         groups = min(p.m_tile // 8, 2)
         per_cta = k16 // p.splits * p.n_tiles
         ctas = n16 // p.n_tiles * p.splits
@@ -337,12 +369,34 @@ def test_plan_splits_balance_cta_work(k, n):
         if fits:
             assert per_cta <= plans.TILES_PER_CTA * groups
             assert ctas >= min(plans.MIN_CTAS, n16 // p.n_tiles * allowed[-1])
-    # The H200 measurements behind the rule (bench/results/gpu_plan_sweep_h200_2026-12-03.json).
-    assert plans.select_plan(1, 8192, 28672).splits == 8
+    # The H200 measurements behind the rule (bench/results/gpu_plan_sweep_h200_2026-12-03.json;
+    # 8192x28672 m = 1 took 8 splits with direct loads, now the ring plan's 1).
     assert plans.select_plan(16, 8192, 28672).splits == 4
     assert plans.select_plan(1, 4096, 1024).splits == 8
     # A GPU with twice the SMs wants twice the CTAs before it stops splitting K.
     assert plans.select_plan(1, 4096, 1024, sms=2 * plans.DEFAULT_SMS).splits == 16
+
+
+@pytest.mark.parametrize("k,n", [(8192, 28672), (4096, 28672), (28672, 8192), (4096, 128256),
+                                 (8192, 8320), (16384, 4096), (4096, 14336), (128, 1 << 20)])
+def test_ring_plan(k, n):
+    """One token past ROW_LINEAR_MAX_WEIGHTS: the ring plan (RING_SLOTS slots, RING_UNROLL-step
+    chunks, at least two whole chunks per warp) with the fewest K-splits that give two waves of
+    RING_CTAS_PER_SM CTAs per SM, else the most splits allowed; the row linear's sizes (and
+    shapes with no whole chunks per warp) keep the direct-load plan."""
+    p = plans.select_plan(1, k, n)
+    k16, ctas = k // 16, n // 16 // p.n_tiles
+    chunk = p.warps * plans.RING_UNROLL
+    allowed = [s for s in range(1, plans.MAX_SPLITS + 1)
+               if k16 % (s * chunk) == 0 and k16 // (s * chunk) >= 2]
+    if k * n <= plans.ROW_LINEAR_MAX_WEIGHTS or not allowed:
+        assert p.ring == 0 and p == dataclasses.replace(plans.select_plan(2, k, n), m=1)
+        return
+    assert (p.ring, p.unroll) == (plans.RING_SLOTS, plans.RING_UNROLL), p
+    waves = [s for s in allowed if ctas * s >= 2 * plans.RING_CTAS_PER_SM * plans.DEFAULT_SMS]
+    assert p.splits == (waves[0] if waves else allowed[-1]), p
+    # measured (H100, session 24): 8192x28672 one split (896 CTAs) against 2 and 4
+    assert plans.select_plan(1, 8192, 28672).splits == 1
 
 
 # --- B-fragment layout of the decode kernel's activation ----------------------------------
@@ -1007,6 +1061,9 @@ COMPILE_CASES = [
     ("mcg", 8, 64, "prefill"), ("mul1", 2.5, 1, "decode"), ("mul1", 3.5, 33, "prefill"),
     ("3inst", 4, 128, "prefill"), ("mcg", 2, 100, "prefill"), ("mul1", 3, 24, "decode"),
     ("mul1", 4, 1, "decode", 4096, 8192), ("mcg", 3, 8, "decode", 4096, 1024),
+    ("mcg", 4, 2048, "prefill"),        # the prefill plan's folded form (from 2048 rows)
+    # one token past the row linear's size: the decode kernel's cp.async ring (K8: 4-step chunks)
+    ("mcg", 4, 1, "decode", 8192, 8320), ("mul1", 8, 1, "decode", 8192, 8320),
     # linear groups (q/k/v-like, gate/up-like): split and packed B words
     ("mcg", 4, 1, "decode", 512, 512, (256, 128, 128)), ("mul1", 3, 12, "decode", 256, 512,
                                                           (256, 256)),
@@ -1020,6 +1077,7 @@ def test_compile_cases_cover_the_plan_parameters():
     assert {p.m_tile for p in dec} == {8, 16, 24, 32}
     assert {p.unroll for p in dec} == {1, 2, 4, 8}
     assert any(p.splits > 1 for p in dec)
+    assert {p.ring for p in dec} == {0, plans.RING_SLOTS}
     assert {c[1] for c in COMPILE_CASES} == {2, 2.5, 3, 3.5, 4, 5, 6, 7, 8}
     assert {c[0] for c in COMPILE_CASES} == {"3inst", "mcg", "mul1"}
 
@@ -1027,9 +1085,10 @@ def test_compile_cases_cover_the_plan_parameters():
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch, tmp_path):
-    # had_in, GEMM kernel, had_out; one token (every m = 1 case here has a row tiling): the row
-    # linear's one call of two kernels; prefill: the dequantize kernel alone (the rotations are
-    # in the weight it writes, XLA runs the dot). No kernel spills registers to local memory
+    # had_in, GEMM kernel, had_out; one token up to ROW_LINEAR_MAX_WEIGHTS (each case has a
+    # row tiling): the row linear's one call of two kernels; prefill from 2048 rows: the dequantize kernel alone
+    # (the rotations are in the weight it writes, XLA runs the dot), below: had_in, the
+    # dequantize kernel (W_hat), had_out. No kernel spills registers to local memory
     # (a register cap or a layout change that does is a slowdown no other CPU check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
     keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
@@ -1039,14 +1098,16 @@ def test_compile_only(arch, tmp_path):
         assert helpers_sass.spilling_cubins(tmp_path) == {}
     for row in rows:
         members = tuple(row.get("members", ()))
-        one = row["m"] == 1 and row["plan"] == "decode"
+        one = (row["m"] == 1 and row["plan"] == "decode"
+               and row["k"] * row["n"] <= plans.ROW_LINEAR_MAX_WEIGHTS)
         assert not one or row_plan(row["codebook"], row["K"], row["k"], row["n"], members)
-        prefill = row["plan"] == "prefill"
-        assert row["custom_call"] and row["calls"] == (1 if one or prefill else 3), row
+        folded = row["plan"] == "prefill" and row["m"] >= plans.PREFILL_FOLD_MIN_M
+        assert row["custom_call"] and row["calls"] == (1 if one or folded else 3), row
         if one:
             assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row
-        if prefill:
-            assert row["kernels"] == ["_trellis_dequant_kernel"], row
+        if row["plan"] == "prefill":
+            assert "_trellis_dequant_kernel" in row["kernels"], row
+            assert folded == (row["kernels"] == ["_trellis_dequant_kernel"]), row
 
 
 @needs_cutlass

@@ -34,6 +34,19 @@ TILES_MAX_SPLITS = 16
 # m = 25 (m = 16: decode 31.5 vs 36.0 us, so decode keeps m <= 24); at m = 64 and 128 it tied
 # or beat the prefill plan by up to 16%; at m = 1024 prefill was 1.5x faster.
 WGMMA_MIN_M, WGMMA_MAX_M = 25, 128
+# One token (m = 1): linears of up to ROW_LINEAR_MAX_WEIGHTS weights run the row linear
+# (ffi/trellis_linear.py: the input rotation in the decode kernel's prologue); larger ones the
+# decode kernel with its loads through a cp.async ring of RING_SLOTS chunk slots per warp and
+# RING_UNROLL k16 steps per chunk (H100, session 24, against direct loads: 8192x28672 K4 mcg
+# -10%, mul1 -4%; K3 with 4-step chunks mcg +1%, mul1 -3%; bench/NOTES.md).
+ROW_LINEAR_MAX_WEIGHTS = 1 << 26
+RING_SLOTS, RING_UNROLL = 3, 8
+RING_CTAS_PER_SM = 3       # the ring's resident CTAs at K4 (60 KB of shared memory each)
+# The prefill plan folds the rotations into the dequantized weight from this m (H100, session
+# 24, 8192x28672 K4: folded 0.9x -> fewer us than the transform kernels at m = 4096, -4 to
+# -11%, but +9% at m = 1024, where the folding kernel's extra ~75 us outweighs the transforms
+# of 1024 rows).
+PREFILL_FOLD_MIN_M = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,20 +60,27 @@ class TrellisPlan:
     splits: int = 0
     unroll: int = 0
     min_ctas: int = 0          # CTAs per SM the compiler must fit (caps registers); 0 = no cap
+    ring: int = 0              # decode: chunk slots of each warp's cp.async ring; 0 = none
     # wgmma: with one K-split, the output transform in the kernel's epilogue (fused_out); the
     # chunk slots of each warp's weight ring and the wgmmas each warpgroup keeps in flight
     # (trellis_wgmma.WgmmaGemmConfig.weight_ring, .wgmma_depth; 0: the kernel's default)
     fused_out: bool = False
     weight_ring: int = 0
     wgmma_depth: int = 0
+    # prefill: the dequantize kernel folds the rotations into the weight it writes (one XLA dot,
+    # no transform kernels); False: it writes W_hat and the transform kernels run around the
+    # dot (PREFILL_FOLD_MIN_M)
+    fold_rotations: bool = True
 
 
 def _divisors(x: int) -> list[int]:
     return [d for d in range(1, x + 1) if x % d == 0]
 
 
-def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
-    """MMA-kernel plan for 1 <= m <= 32."""
+def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
+                ring: bool = True) -> TrellisPlan:
+    """MMA-kernel plan for 1 <= m <= 32 (``ring``: False gives one token past
+    ROW_LINEAR_MAX_WEIGHTS the direct-load plan, for A/B runs)."""
     if not 1 <= m <= DECODE_MAX_M:
         raise ValueError(f"decode plan needs 1 <= m <= {DECODE_MAX_M}, got {m}")
     k16, n16 = k // 16, n // 16
@@ -88,14 +108,36 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPla
     per_warp = k16 // splits // warps
     want = {8: 8, 16: 2}.get(m_tile, 1)
     unroll = next(u for u in (8, 4, 2, 1) if u <= want and per_warp % u == 0)
+    if ring and m == 1 and k * n > ROW_LINEAR_MAX_WEIGHTS:
+        ring = _ring_plan(k16, warps, ctas, sms)
+        if ring is not None:
+            return TrellisPlan("decode", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps,
+                               splits=ring, unroll=RING_UNROLL, ring=RING_SLOTS)
     return TrellisPlan("decode", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps, splits=splits,
                        unroll=unroll)
 
 
-def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
+def _ring_plan(k16: int, warps: int, ctas: int, sms: int) -> int | None:
+    """K-splits of the one-token ring plan, or None where no split gives every warp at least
+    two whole chunks: the fewest that give two full waves of RING_CTAS_PER_SM CTAs per SM
+    (long CTAs keep the ring streaming; 8192x28672: one split, 896 CTAs, measured best against
+    2 and 4), else the most allowed."""
+    chunk = warps * RING_UNROLL
+    allowed = [s for s in _divisors(k16) if s <= MAX_SPLITS and k16 % (s * chunk) == 0
+               and k16 // (s * chunk) >= 2]
+    if not allowed:
+        return None
+    return next((s for s in allowed if ctas * s >= 2 * RING_CTAS_PER_SM * sms), allowed[-1])
+
+
+def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
+                 fold_rotations: bool | None = None) -> TrellisPlan:
     """Dequantize + XLA dot plan (any m; used for m > 32). The dequantize kernel's grid is
-    fixed (one CTA per 128 x 128 block, ffi/trellis_dequant.py), so it has no parameters."""
-    return TrellisPlan("prefill", m)
+    fixed (one CTA per 128 x 128 block, ffi/trellis_dequant.py); the one choice is where the
+    rotations go (``fold_rotations``, by default from m: PREFILL_FOLD_MIN_M)."""
+    if fold_rotations is None:
+        fold_rotations = m >= PREFILL_FOLD_MIN_M
+    return TrellisPlan("prefill", m, fold_rotations=fold_rotations)
 
 
 def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int,

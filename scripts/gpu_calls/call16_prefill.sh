@@ -12,4 +12,8 @@ bench_prefill() {
 }
 bench_prefill here 16_here 40; bench_prefill cur 16_cur 40; bench_prefill prev 16_prev 40; bench_prefill here 16_here2 40
 tree here
+# here's dequantize kernel on the hardware: W_hat bit-exact and the rotated weight's error
+# (decode_exact), the prefill GEMM rows (8 configs, the m).
+timeout 120 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --kinds prefill --budget-s 100 --out $RES/16_validate.json > $RES/16_validate.log 2>&1
+t "validate prefill rc=$?"; grep SUMMARY $RES/16_validate.log | cut -c1-300; grep -i "FAIL\|Traceback\|rotated" $RES/16_validate.log | head -10 | cut -c1-300; save
 t done
