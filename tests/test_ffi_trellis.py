@@ -139,8 +139,9 @@ def test_plan_selection(k, n, hopper):
     assert plans.select_plan(5, k, n) == plans.select_plan(5, k, n)
     assert len({(p.m_tile, p.splits, p.unroll) for p in (plans.select_plan(m, k, n)
                                                          for m in range(2, 9))}) == 1
-    one = plans.select_plan(1, k, n)
-    assert one.ring == (plans.RING_SLOTS if k * n > plans.ROW_LINEAR_MAX_WEIGHTS else 0)
+    one = plans.select_plan(1, k, n, hopper=hopper)
+    assert one.ring == (plans.RING_SLOTS if hopper and k * n > plans.ROW_LINEAR_MAX_WEIGHTS
+                        else 0)
 
 
 @pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
@@ -335,7 +336,9 @@ def test_plan_forcing_and_errors(monkeypatch):
     big = (1, 8192, 8320)
     assert tg.plan_for_shape(*big) == plans.decode_plan(*big, sms=tg.device_sms(), ring=False)
     monkeypatch.delenv(tg.DECODE_RING_ENV)
-    assert tg.plan_for_shape(*big).ring == plans.RING_SLOTS
+    for arch, ring in (("sm_90a", plans.RING_SLOTS), ("sm_120a", 0)):   # the ring: Hopper only
+        monkeypatch.setattr(aot, "device_arch", lambda arch=arch: arch)
+        assert tg.plan_for_shape(*big).ring == ring
     # The device's arch decides whether auto may take wgmma (a CPU process: $CUTE_DSL_ARCH).
     for arch, kind in (("sm_90a", "wgmma"), ("sm_120a", "prefill"), (None, "prefill")):
         monkeypatch.setattr(aot, "device_arch", lambda arch=arch: arch)
@@ -384,7 +387,9 @@ def test_ring_plan(k, n):
     chunks, at least two whole chunks per warp) with the fewest K-splits that give two waves of
     RING_CTAS_PER_SM CTAs per SM, else the most splits allowed; the row linear's sizes (and
     shapes with no whole chunks per warp) keep the direct-load plan."""
-    p = plans.select_plan(1, k, n)
+    p = plans.select_plan(1, k, n, hopper=True)
+    # elsewhere (sm_120a: 100 KB of shared memory per SM) direct loads
+    assert plans.select_plan(1, k, n).ring == 0
     k16, ctas = k // 16, n // 16 // p.n_tiles
     chunk = p.warps * plans.RING_UNROLL
     allowed = [s for s in range(1, plans.MAX_SPLITS + 1)
@@ -396,7 +401,7 @@ def test_ring_plan(k, n):
     waves = [s for s in allowed if ctas * s >= 2 * plans.RING_CTAS_PER_SM * plans.DEFAULT_SMS]
     assert p.splits == (waves[0] if waves else allowed[-1]), p
     # measured (H100, session 24): 8192x28672 one split (896 CTAs) against 2 and 4
-    assert plans.select_plan(1, 8192, 28672).splits == 1
+    assert plans.select_plan(1, 8192, 28672, hopper=True).splits == 1
 
 
 # --- B-fragment layout of the decode kernel's activation ----------------------------------
@@ -1071,7 +1076,10 @@ COMPILE_CASES = [
 
 
 def test_compile_cases_cover_the_plan_parameters():
-    seen = [plans.select_plan(c[2], *(c[4:6] if len(c) > 4 else (256, 256)), force=c[3])
+    # as sm_90a plans them (the ring plan is Hopper's; sm_120a compiles it in the emulated
+    # ring test)
+    seen = [plans.select_plan(c[2], *(c[4:6] if len(c) > 4 else (256, 256)), force=c[3],
+                              hopper=True)
             for c in COMPILE_CASES]
     dec = [p for p in seen if p.kind == "decode"]
     assert {p.m_tile for p in dec} == {8, 16, 24, 32}

@@ -38,7 +38,8 @@ WGMMA_MIN_M, WGMMA_MAX_M = 25, 128
 # (ffi/trellis_linear.py: the input rotation in the decode kernel's prologue); larger ones the
 # decode kernel with its loads through a cp.async ring of RING_SLOTS chunk slots per warp and
 # RING_UNROLL k16 steps per chunk (H100, session 24, against direct loads: 8192x28672 K4 mcg
-# -10%, mul1 -4%; K3 with 4-step chunks mcg +1%, mul1 -3%; bench/NOTES.md).
+# -10%, mul1 -4%; K3 with 4-step chunks mcg +1%, mul1 -3%; bench/NOTES.md). Hopper only: its
+# 60 KB per CTA would leave sm_120a's 100 KB of shared memory per SM one CTA (not measured).
 ROW_LINEAR_MAX_WEIGHTS = 1 << 26
 RING_SLOTS, RING_UNROLL = 3, 8
 RING_CTAS_PER_SM = 3       # the ring's resident CTAs at K4 (60 KB of shared memory each)
@@ -231,7 +232,7 @@ def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         raise ValueError(f"k={k}, n={n} must be multiples of 128")
     kind = plan_kind(m, force, hopper=hopper)
     if kind == "decode":
-        return decode_plan(m, k, n, sms=sms)
+        return decode_plan(m, k, n, sms=sms, ring=hopper)
     if kind == "tiles":
         return tiles_plan(m, k, n, sms=sms)
     if kind == "wgmma":
