@@ -22,7 +22,11 @@ TP4 shard H6144 I512 E256 top-8) and m in {1, 2, 4, 8, 16, 32, 128, 1024, 4096},
     fp32 top-k sum (ragged_moe_baseline; the weights are dequantized outside the timed loop).
 
 Why a jitted loop: JAX per-call dispatch costs ~40-50 us on the H200 (anchors.md), more than the
-kernels at small m. Each iteration feeds a value of the previous output back into the input
+kernels at small m. L2 (session 24): by default the loop's calls read weights that are not in the
+L2 from the previous call (`--l2 cold`: cycled weight copies, for the MoE routes to different
+experts), as a model's distinct layers do; before, a weight that fit the 50 MB L2 (4096x14336
+K4: 29 MB; the MoE's touched experts at small m) was served from it call after call, while the
+bf16 baseline, 4x larger, mostly was not. Each iteration feeds a value of the previous output back into the input
 (x + 0 * y[0, 0]: XLA cannot fold 0 * y for floats), so nothing is hoisted out of the loop.
 """
 
@@ -83,25 +87,48 @@ def random_weight(k: int, n: int, K, codebook: str, seed: int = 0):
     return Exl3Weight.create(jnp.asarray(trellis), jnp.asarray(suh), jnp.asarray(svh), codebook)
 
 
-def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8) -> float:
-    """Seconds per op call: median of ``reps`` timings of a jitted fori_loop of ``iters`` calls,
+L2_BYTES = 50 << 20         # the H100's and H200's L2
+COLD_COPIES = (1, 2, 4, 8)   # weight copies time_in_loop may cycle through (divide ``unroll``)
+
+
+def cold_copies(nbytes: int) -> int:
+    """Copies of an op's nbytes of weights that together exceed 3x the L2, so a loop cycling
+    through them reads each from HBM as a model's distinct layers do (at most 8)."""
+    return next((c for c in COLD_COPIES if c * nbytes >= 3 * L2_BYTES), COLD_COPIES[-1])
+
+
+def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
+                 copies: int = 1, variants=None) -> float:
+    """Seconds per op call: median of ``reps`` timings of a jitted loop of ``iters`` calls,
     ``unroll`` calls per loop trip (an XLA while-loop trip costs several microseconds on the
     GPU, so unrolling keeps that out of the per-call time). ``op(x, *rest)`` returns an array;
-    args[0] is x; x + 0 * (previous output) chains the calls."""
+    args[0] is x; x + 0 * (previous output) chains the calls. ``copies`` (dividing unroll):
+    the call j of a trip reads copy j % copies of ``rest`` (distinct device buffers), so a
+    weight that fits the L2 is not served from it call after call (cold_copies); or
+    ``variants``: the rest-argument tuples themselves (e.g. the MoE's routes to different
+    experts), call j taking variant j % len(variants)."""
+    rests = variants or [args[1:]] + [
+        jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), args[1:])
+        for _ in range(copies - 1)]
+    copies = len(rests)
+    if unroll % copies:
+        raise ValueError(f"copies={copies} must divide unroll={unroll}")
     iters = max(unroll, iters // unroll * unroll)
 
     @jax.jit
-    def loop(x, *rest):
-        def body(_, c):
-            y = op(x + (c * 0).astype(x.dtype), *rest)
-            return y.reshape(-1)[0].astype(jnp.float32)
-        return lax.fori_loop(0, iters, body, jnp.float32(0), unroll=unroll)
+    def loop(x, rests):
+        def trip(_, c):
+            for j in range(unroll):
+                y = op(x + (c * 0).astype(x.dtype), *rests[j % copies])
+                c = y.reshape(-1)[0].astype(jnp.float32)
+            return c
+        return lax.fori_loop(0, iters // unroll, trip, jnp.float32(0))
 
-    jax.block_until_ready(loop(*args))                  # compile + warm up
+    jax.block_until_ready(loop(args[0], rests))          # compile + warm up
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        jax.block_until_ready(loop(*args))
+        jax.block_until_ready(loop(args[0], rests))
         times.append(time.perf_counter() - t0)
     return statistics.median(times) / iters
 
@@ -118,12 +145,19 @@ def iters_for(m: int, k: int, n: int) -> int:
 
 
 def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print,
-          groups=None, done=(), on_row=None) -> list[dict]:
+          groups=None, done=(), on_row=None, l2: str = "cold") -> list[dict]:
     """Rows of the Trellis GEMM vs bf16 for every (shape, K, codebook, m).
 
     groups: optional set of (k, n, K, codebook) to run (default all); done: (k, n, K, codebook,
     m) keys to skip; on_row(row) is called after each row (exl3_jax.ffi.bench_linear uses these
-    for parts and resuming). A shape with nothing to run gets no bf16 baseline."""
+    for parts and resuming). A shape with nothing to run gets no bf16 baseline. l2: "cold"
+    (both sides cycle through cold_copies of their weights, so neither is served from the L2
+    call after call: a model's layers are distinct) or "warm" (one copy: a weight that fits
+    the L2, e.g. 4096x14336 K4's 29 MB, stays there across the loop; the method before
+    session 24)."""
+    if l2 not in ("cold", "warm"):
+        raise ValueError(f"l2 must be 'cold' or 'warm', got {l2!r}")
+    copies_of = (lambda nbytes: cold_copies(nbytes)) if l2 == "cold" else (lambda nbytes: 1)
     from exl3_jax.ffi import trellis_gemm as tg
 
     rows = []
@@ -140,7 +174,8 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                 return rows
             x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)), jnp.bfloat16)
             bf16_us[m] = 1e6 * time_in_loop(lambda x, w: jnp.dot(x, w), (x, wb),
-                                            iters=iters_for(m, k, n))
+                                            iters=iters_for(m, k, n),
+                                            copies=copies_of(2 * k * n))
             overhead_us[m] = loop_overhead_us(m, k)
             log(f"{k:>6}x{n:<6} m={m:<5} bf16 {bf16_us[m]:9.1f} us  loop overhead "
                 f"{overhead_us[m]:6.1f} us")
@@ -162,7 +197,8 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                     t_row = time.time()
                     try:
                         us = 1e6 * time_in_loop(lambda x, w: tg.trellis_matmul_gpu(x, w),
-                                                (x, w), iters=iters_for(m, k, n))
+                                                (x, w), iters=iters_for(m, k, n),
+                                                copies=copies_of(w.nbytes))
                         err = None
                     except Exception as e:   # noqa: BLE001 -- record and continue
                         us, err = float("nan"), f"{type(e).__name__}: {e}"[:500]
@@ -172,6 +208,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                                speedup_vs_bf16=bf16_us[m] / us,
                                gbps=w.nbytes / us / 1e3, trellis_bytes=tbytes,
                                floor_us=floor_us, floor_fraction=floor_us / us, error=err,
+                               l2=l2, weight_copies=copies_of(w.nbytes),
                                wall_s=round(time.time() - t_row, 2))
                     rows.append(row)
                     if on_row:
@@ -243,12 +280,25 @@ def ragged_moe_baseline(x, ids, weights, wg, wu, wd):
     return jnp.einsum("tkh,tk->th", y, weights.astype(jnp.float32))
 
 
+def routed_variants(ids, E: int, n: int = 8):
+    """n routings of the same shape: expert ids shifted by multiples of E / n (mod E), so the
+    calls of a timing loop that cycle through them touch different experts (bench_moe's L2-cold
+    timing: a model's layers do not share experts)."""
+    return [(ids + j * (E // n)) % E for j in range(n)]
+
+
 def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s=None,
-              baseline: bool = True, unfused: bool = False, log=print) -> list[dict]:
+              baseline: bool = True, unfused: bool = False, log=print,
+              l2: str = "cold") -> list[dict]:
     """Microseconds per MoE layer (jitted loop) for each geometry and token count m, with the
     touched experts' roofline (max of HBM time of their bytes and decode ALU time of their
-    weights, anchors.md rates) and an unfused ragged_dot baseline in the same run."""
+    weights, anchors.md rates) and an unfused ragged_dot baseline in the same run. l2:
+    "cold" (the loop's calls cycle through routed_variants, so the touched experts are not
+    the same call after call and come from HBM as in a model) or "warm" (one routing: its
+    experts stay in the L2 across the loop, the method before session 24)."""
     from exl3_jax.ffi import trellis_moe as tm
+    if l2 not in ("cold", "warm"):
+        raise ValueError(f"l2 must be 'cold' or 'warm', got {l2!r}")
 
     deadline = time.time() + budget_s if budget_s else None
     rows = []
@@ -275,7 +325,9 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             floor_us = max(hbm_us, alu_us, mma_us)
             iters = int(max(8, min(128, 2e4 / max(1, m))))
             plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
+            idv = routed_variants(ids, E) if l2 == "cold" else [ids]
             row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
+                       l2=l2,
                        plan=plan.kind, packing=plan.packing, block_m=plan.block_m,
                        blocks=plan.blocks, touched=touched,
                        touched_bytes=touched * per_expert_bytes, hbm_floor_us=hbm_us,
@@ -283,7 +335,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             try:
                 row["us"] = 1e6 * time_in_loop(
                     lambda x, ids, w, a, b: tm.moe_gpu(x, ids, w, a, b), (x, ids, wts, w13, down),
-                    iters=iters, reps=3)
+                    iters=iters, reps=3, variants=[(i, wts, w13, down) for i in idv])
                 row["floor_ratio"] = row["us"] / floor_us
             except Exception as e:   # noqa: BLE001 -- record and continue
                 row["us"], row["error"] = float("nan"), f"{type(e).__name__}: {e}"[:500]
@@ -291,7 +343,8 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 try:
                     row["unfused_us"] = 1e6 * time_in_loop(
                         lambda x, ids, w, a, b: tm.moe_gpu(x, ids, w, a, b, fused=False),
-                        (x, ids, wts, w13, down), iters=iters, reps=3)
+                        (x, ids, wts, w13, down), iters=iters, reps=3,
+                        variants=[(i, wts, w13, down) for i in idv])
                 except Exception as e:   # noqa: BLE001
                     row["unfused_error"] = f"{type(e).__name__}: {e}"[:300]
             try:          # the loop's own per-call cost (x + 0 * y chaining, one read), in "us"
@@ -306,9 +359,9 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
             if dense is not None:
                 try:
-                    row["ragged_us"] = 1e6 * time_in_loop(ragged_moe_baseline,
-                                                          (x, ids, wts, *dense), iters=iters,
-                                                          reps=3)
+                    row["ragged_us"] = 1e6 * time_in_loop(
+                        ragged_moe_baseline, (x, ids, wts, *dense), iters=iters, reps=3,
+                        variants=[(i, wts, *dense) for i in idv])
                     row["speedup_vs_ragged"] = row["ragged_us"] / row["us"]
                 except Exception as e:   # noqa: BLE001
                     row["ragged_error"] = f"{type(e).__name__}: {e}"[:500]
@@ -335,14 +388,17 @@ def main_moe(argv=None) -> int:
                    help=f"m in {MOE_QUICK_M}, 120 s budget (about 2 minutes)")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--budget-s", type=float, default=None)
+    p.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                   help="cold: the timed calls route to different experts (routed_variants); "
+                        "warm: one routing, its experts L2-resident (before session 24)")
     p.add_argument("--out", default=None, help="JSON file for the results")
     a = p.parse_args(argv)
     ms = [int(v) for v in a.m.split(",")] if a.m else list(MOE_QUICK_M if a.quick else MOE_M)
     budget = a.budget_s or (120.0 if a.quick else None)
     K = float(a.K) if "." in a.K else int(a.K)
     rows = bench_moe(a.geometries.split(","), ms, K, a.codebook, budget_s=budget,
-                     baseline=not a.no_baseline)
-    result = {"versions": versions(), "rows": rows}
+                     baseline=not a.no_baseline, l2=a.l2)
+    result = {"versions": versions(), "l2": a.l2, "rows": rows}
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:

@@ -105,6 +105,10 @@ def main(argv=None) -> int:
                    help="merge these result files into --out and exit (no GPU needed)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no new row after this many seconds")
+    p.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                   help="cold: each side cycles through enough weight copies to miss the L2 "
+                        "(a model's layers are distinct); warm: one copy (L2-resident where "
+                        "it fits, the method before session 24)")
     a = p.parse_args(argv)
     if a.merge:
         result = merge(a.merge)
@@ -121,7 +125,7 @@ def main(argv=None) -> int:
     groups = part_groups(grid_groups(shapes, Ks, a.codebooks.split(",")), part)
     rows = load_rows(a.out) if a.resume else []
     done = {row_key(r) for r in rows}
-    result = {"versions": gb.versions(), "part": f"{part[0]}/{part[1]}",
+    result = {"versions": gb.versions(), "l2": a.l2, "part": f"{part[0]}/{part[1]}",
               "groups": [list(g) for g in groups], "m": ms, "rows": rows}
     t0 = time.time()
 
@@ -131,7 +135,7 @@ def main(argv=None) -> int:
         write(a.out, result)
 
     gb.bench(shapes, Ks, a.codebooks.split(","), ms, deadline=deadline, groups=set(groups),
-             done=done, on_row=on_row)
+             done=done, on_row=on_row, l2=a.l2)
     wanted = {(*g, m) for g in groups for m in ms}
     missing = sorted(wanted - {row_key(r) for r in rows if not r.get("error")})
     result.update(seconds=round(time.time() - t0, 1), complete=not missing,

@@ -60,17 +60,14 @@ import dataclasses
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Uint32
+from cutlass import Float32, Int64, Uint32
 
 from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
-
-from cutlass import Int64
 
 from .cute_ops import (LOP3_CODEBOOKS, cp_async_16, cp_async_commit, cp_async_wait,
                        cta_thread_ids, decode_words, decode_words_split, half_in_both,
                        inline_ptx, lane_funnels, lane_pieces, load_shared_words_v4,
-                       load_tile_words,
-                       load_words_v4, mma_m16n8k16_f16_f32)
+                       load_tile_words, load_words_v4, mma_m16n8k16_f16_f32)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, KSplitShape,
                                b_fragment_word, lane_geometry, pair_fragment_word,
                                token_fragment_word)
@@ -554,7 +551,8 @@ def dense_k_loop(xw, tw, tile0, x_base, k0, warp, acc, funnels: list, cfg: cutla
     before any of it is decoded. (A software-pipelined loop, chunk c + 1's loads in flight
     while chunk c decodes, took 2-4x the registers and was no faster at m = 1: session 16;
     the chunk's weights copied by cp.async into shared memory, all in flight at once, were
-    no faster either: session 20, bench/NOTES.md.)"""
+    no faster either: session 20, bench/NOTES.md; ring_k_loop streams them through a ring of
+    slots instead, several chunks per warp, which paid at one token past 2^26 weights.)"""
     geo = lane_geometry(cfg.K)
     step = cfg.warps * cfg.unroll
     xsum = mul1_sums(cfg)

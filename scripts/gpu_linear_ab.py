@@ -2,7 +2,7 @@
 
   python scripts/gpu_linear_ab.py --env EXL3_JAX_ONE_TOKEN --values '0|1|0|1'
       [--env2 EXL3_JAX_ROW_LINEAR=0] [--shapes 8192x28672,4096x14336] [--K 4]
-      [--codebooks mcg,mul1] [--m 1] [--out ab.json]
+      [--codebooks mcg,mul1] [--m 1] [--l2 cold|warm] [--out ab.json]
 
 For every (shape, K, codebook, m) the values of the environment variable ``--env`` are set in
 turn (a repeated value is timed again: drift between neighbours shows as their spread), each
@@ -39,12 +39,15 @@ def main(argv=None) -> int:
     p.add_argument("--m", default="1")
     p.add_argument("--bf16", action="store_true",
                    help="also time a bf16 jnp.dot per (shape, m); rows gain bf16_us, x_bf16")
+    p.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                   help="as `bench linear --l2` (cold: weight copies cycled past the L2)")
     p.add_argument("--out")
     a = p.parse_args(argv)
     for kv in a.env2:
         name, _, value = kv.partition("=")
         os.environ[name] = value
     values = a.values.split("|")
+    copies = gb.cold_copies if a.l2 == "cold" else (lambda nbytes: 1)
     rows = []
     for shape in a.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -55,7 +58,8 @@ def main(argv=None) -> int:
             for m in (int(v) for v in a.m.split(",")):
                 xb = jnp.zeros((m, k), jnp.bfloat16)
                 bf16_us[m] = 1e6 * gb.time_in_loop(lambda x, w: jnp.dot(x, w), (xb, wb),
-                                                   iters=gb.iters_for(m, k, n))
+                                                   iters=gb.iters_for(m, k, n),
+                                                   copies=copies(2 * k * n))
         for K in (float(v) if "." in v else int(v) for v in a.K.split(",")):
             for cb in a.codebooks.split(","):
                 w = gb.random_weight(k, n, K, cb)
@@ -69,8 +73,10 @@ def main(argv=None) -> int:
                         y = np.asarray(jax.jit(op)(x, w))
                         first = y if first is None else first
                         rel = float(np.linalg.norm(y - first) / np.linalg.norm(first))
-                        us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n))
+                        us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n),
+                                                   copies=copies(w.nbytes))
                         row = {"k": k, "n": n, "K": K, "codebook": cb, "m": m, a.env: v,
+                               "l2": a.l2,
                                "us": round(us, 2), "rel_l2_vs_first": rel,
                                "finite": bool(np.isfinite(y).all())}
                         if m in bf16_us:

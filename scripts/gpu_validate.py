@@ -175,26 +175,32 @@ def check_decode_exact(cb, K, k, n, kinds=None):
 
 
 def forced_plan(m, k, n, kind):
-    """select_plan with a forced kind; "wgmma_tight": the wgmma plan through the smallest
-    weight ring (MIN_WEIGHT_RING chunk slots per warp) and the most wgmmas in flight
-    (MAX_WGMMA_DEPTH), with one K-split and no fused epilogue, so each CTA's chunks wrap around
-    the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
-    K-split and the output transform in its epilogue."""
+    """The plan of a forced kind on this device's arch (trellis_gemm.plan_for_shape: the
+    production plan of that kind, e.g. the one-token ring past 2^26 weights on Hopper);
+    "wgmma_tight": the wgmma plan through the smallest weight ring (MIN_WEIGHT_RING chunk
+    slots per warp) and the most wgmmas in flight (MAX_WGMMA_DEPTH), with one K-split and no
+    fused epilogue, so each CTA's chunks wrap around the ring and its stages are reused as
+    soon as the rules allow; "wgmma_fused": with one K-split and the output transform in its
+    epilogue; "decode_ring": the decode plan with its loads through a 3-slot cp.async ring of
+    at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
+    loads); "prefill" / "prefill_fold": the prefill plan with the transform kernels around
+    W_hat / the rotations folded into the weight, at any m (auto picks by
+    PREFILL_FOLD_MIN_M)."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MAX_WGMMA_DEPTH, MIN_WEIGHT_RING
-        return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
+        return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
                                    fused_out=False, weight_ring=MIN_WEIGHT_RING,
                                    wgmma_depth=MAX_WGMMA_DEPTH)
     if kind == "wgmma_fused":
-        return dataclasses.replace(select_plan(m, k, n, force="wgmma"), splits=1,
+        return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
-    if kind == "decode_ring":                   # loads through a 3-slot cp.async ring
-        plan = select_plan(m, k, n, force="decode")
+    if kind == "decode_ring":
+        plan = tg.plan_for_shape(m, k, n, force="decode")
         return dataclasses.replace(plan, ring=3, unroll=min(plan.unroll, 2))
-    if kind in ("prefill", "prefill_fold"):     # the rotations folded into the weight or not
-        return dataclasses.replace(select_plan(m, k, n, force="prefill"),
+    if kind in ("prefill", "prefill_fold"):
+        return dataclasses.replace(tg.plan_for_shape(m, k, n, force="prefill"),
                                    fold_rotations=kind == "prefill_fold")
-    return select_plan(m, k, n, force=kind)
+    return tg.plan_for_shape(m, k, n, force=kind)
 
 
 def check_gemm(cb, K, k, n, ms, kinds=None):
@@ -268,7 +274,7 @@ def check_group(cb, K, k, members, ms=GROUP_M):
         ws.append(type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features,
                           w.out_features))
     nt = sum(members)
-    plans = [select_plan(m, k, nt, force="decode") for m in ms]
+    plans = [tg.plan_for_shape(m, k, nt, force="decode") for m in ms]   # this arch's, ring too
     xs = {m: jnp.asarray(np.random.default_rng(100 + m).standard_normal((m, k)), jnp.float32)
           for m in ms}
     xb = {m: jax.device_put(np.asarray(xs[m]).astype(jnp.bfloat16)) for m in ms}

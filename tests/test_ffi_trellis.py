@@ -1330,5 +1330,43 @@ def test_bench_timer_and_weights():
     w = jnp.ones((128, 128), jnp.bfloat16)
     t = bench.time_in_loop(lambda x, w: jnp.dot(x, w), (x, w), iters=16, reps=1)
     assert 0 < t < 1.0
+    # L2-cold timing: the calls cycle through distinct copies of the weights (a pytree too)
+    seen = []
+    spy = lambda x, w: (seen.append(id(w)), jnp.dot(x, w.trellis))[1]     # noqa: E731
+    wt = bench.random_weight(128, 128, 4, "mcg")
+    wt = type(wt)(jnp.ones((128, 128), jnp.bfloat16), wt.suh, wt.svh, None, "mcg", 4, 128, 128)
+    assert 0 < bench.time_in_loop(spy, (x, wt), iters=16, reps=1, copies=4) < 1.0
+    assert len(set(seen)) == 4                 # traced once per unrolled call, 4 distinct copies
+    with pytest.raises(ValueError, match="must divide unroll"):
+        bench.time_in_loop(spy, (x, wt), iters=16, copies=3)
+    l2 = bench.L2_BYTES
+    assert [bench.cold_copies(b) for b in (3 * l2, 2 * l2, l2, l2 // 2, 1)] == [1, 2, 4, 8, 8]
+
+
+def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
+    # bench moe's plumbing on any backend, the fused layer replaced by a recorder: with
+    # l2="cold" the loop's 8 unrolled calls route to 8 different expert sets (routed_variants,
+    # the same shape), and the ragged baseline is timed too; "warm" keeps one routing.
+    from exl3_jax.ffi import bench
+    from exl3_jax.ffi import trellis_moe as tm
+    monkeypatch.setattr(bench, "MOE_GEOMETRIES", {"tiny": (256, 128, 16, 2)})
+    seen = []
+
+    def fake_moe(x, ids, w, a, b, fused=True):
+        seen.append(ids)
+        return x.astype(jnp.float32) * jnp.sum(ids).astype(jnp.float32)
+    monkeypatch.setattr(tm, "moe_gpu", fake_moe)
+    ids = jnp.asarray([[3, 15], [0, 7]], jnp.int32)
+    variants = bench.routed_variants(ids, 16)
+    assert [np.asarray(v).tolist() for v in variants[:2]] == [[[3, 15], [0, 7]],
+                                                             [[5, 1], [2, 9]]]
+    for l2, distinct in (("cold", 8), ("warm", 1)):
+        seen.clear()
+        rows = bench.bench_moe(ms=[2], K=4, l2=l2, log=lambda *_: None)
+        assert [(r["l2"], r["m"]) for r in rows] == [(l2, 2)] and rows[0]["us"] > 0
+        assert rows[0]["ragged_us"] > 0 and "error" not in rows[0], rows[0]
+        assert len({id(t) for t in seen}) == distinct       # one tracer per routing
+    with pytest.raises(ValueError, match="l2 must be"):
+        bench.bench_moe(ms=[2], l2="hot")
     wt = bench.random_weight(256, 128, 2.5, "mul1")
     assert wt.trellis.shape == (16, 8, 40) and wt.K == 2.5
