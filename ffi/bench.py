@@ -22,12 +22,13 @@ TP4 shard H6144 I512 E256 top-8) and m in {1, 2, 4, 8, 16, 32, 128, 1024, 4096},
     fp32 top-k sum (ragged_moe_baseline; the weights are dequantized outside the timed loop).
 
 Why a jitted loop: JAX per-call dispatch costs ~40-50 us on the H200 (anchors.md), more than the
-kernels at small m. L2 (session 24): by default the loop's calls read weights that are not in the
-L2 from the previous call (`--l2 cold`: cycled weight copies, for the MoE routes to different
-experts), as a model's distinct layers do; before, a weight that fit the 50 MB L2 (4096x14336
-K4: 29 MB; the MoE's touched experts at small m) was served from it call after call, while the
-bf16 baseline, 4x larger, mostly was not. Each iteration feeds a value of the previous output back into the input
+kernels at small m. Each iteration feeds a value of the previous output back into the input
 (x + 0 * y[0, 0]: XLA cannot fold 0 * y for floats), so nothing is hoisted out of the loop.
+L2 (session 24): by default the loop's calls read weights that are not in the L2 from the
+previous call (`--l2 cold`: cycled weight copies, for the MoE routes to different experts), as a
+model's distinct layers do; before, a weight that fit the 50 MB L2 (4096x14336 K4: 29 MB; the
+MoE's touched experts at small m) was served from it call after call, while the bf16 baseline,
+4x larger, mostly was not.
 """
 
 from __future__ import annotations
@@ -91,10 +92,25 @@ L2_BYTES = 50 << 20         # the H100's and H200's L2
 COLD_COPIES = (1, 2, 4, 8)   # weight copies time_in_loop may cycle through (divide ``unroll``)
 
 
+L2_MODES = ("cold", "warm")   # the benchmarks' --l2 choices
+
+
 def cold_copies(nbytes: int) -> int:
     """Copies of an op's nbytes of weights that together exceed 3x the L2, so a loop cycling
     through them reads each from HBM as a model's distinct layers do (at most 8)."""
     return next((c for c in COLD_COPIES if c * nbytes >= 3 * L2_BYTES), COLD_COPIES[-1])
+
+
+def weight_copies(nbytes: int, l2: str) -> int:
+    """time_in_loop's ``copies`` for nbytes of weights in L2 mode ``l2``: cold_copies for
+    "cold", one for "warm" (the weights stay L2-resident where they fit)."""
+    check_l2(l2)
+    return cold_copies(nbytes) if l2 == "cold" else 1
+
+
+def check_l2(l2: str) -> None:
+    if l2 not in L2_MODES:
+        raise ValueError(f"l2 must be one of {L2_MODES}, got {l2!r}")
 
 
 def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
@@ -155,9 +171,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
     call after call: a model's layers are distinct) or "warm" (one copy: a weight that fits
     the L2, e.g. 4096x14336 K4's 29 MB, stays there across the loop; the method before
     session 24)."""
-    if l2 not in ("cold", "warm"):
-        raise ValueError(f"l2 must be 'cold' or 'warm', got {l2!r}")
-    copies_of = (lambda nbytes: cold_copies(nbytes)) if l2 == "cold" else (lambda nbytes: 1)
+    check_l2(l2)
     from exl3_jax.ffi import trellis_gemm as tg
 
     rows = []
@@ -175,7 +189,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
             x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)), jnp.bfloat16)
             bf16_us[m] = 1e6 * time_in_loop(lambda x, w: jnp.dot(x, w), (x, wb),
                                             iters=iters_for(m, k, n),
-                                            copies=copies_of(2 * k * n))
+                                            copies=weight_copies(2 * k * n, l2))
             overhead_us[m] = loop_overhead_us(m, k)
             log(f"{k:>6}x{n:<6} m={m:<5} bf16 {bf16_us[m]:9.1f} us  loop overhead "
                 f"{overhead_us[m]:6.1f} us")
@@ -194,11 +208,11 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                     x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)),
                                     jnp.bfloat16)
                     plan = tg.plan_for(m, w)
+                    copies = weight_copies(w.nbytes, l2)
                     t_row = time.time()
                     try:
                         us = 1e6 * time_in_loop(lambda x, w: tg.trellis_matmul_gpu(x, w),
-                                                (x, w), iters=iters_for(m, k, n),
-                                                copies=copies_of(w.nbytes))
+                                                (x, w), iters=iters_for(m, k, n), copies=copies)
                         err = None
                     except Exception as e:   # noqa: BLE001 -- record and continue
                         us, err = float("nan"), f"{type(e).__name__}: {e}"[:500]
@@ -208,7 +222,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                                speedup_vs_bf16=bf16_us[m] / us,
                                gbps=w.nbytes / us / 1e3, trellis_bytes=tbytes,
                                floor_us=floor_us, floor_fraction=floor_us / us, error=err,
-                               l2=l2, weight_copies=copies_of(w.nbytes),
+                               l2=l2, weight_copies=copies,
                                wall_s=round(time.time() - t_row, 2))
                     rows.append(row)
                     if on_row:
@@ -297,8 +311,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
     the same call after call and come from HBM as in a model) or "warm" (one routing: its
     experts stay in the L2 across the loop, the method before session 24)."""
     from exl3_jax.ffi import trellis_moe as tm
-    if l2 not in ("cold", "warm"):
-        raise ValueError(f"l2 must be 'cold' or 'warm', got {l2!r}")
+    check_l2(l2)
 
     deadline = time.time() + budget_s if budget_s else None
     rows = []
@@ -388,7 +401,7 @@ def main_moe(argv=None) -> int:
                    help=f"m in {MOE_QUICK_M}, 120 s budget (about 2 minutes)")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--budget-s", type=float, default=None)
-    p.add_argument("--l2", choices=("cold", "warm"), default="cold",
+    p.add_argument("--l2", choices=L2_MODES, default="cold",
                    help="cold: the timed calls route to different experts (routed_variants); "
                         "warm: one routing, its experts L2-resident (before session 24)")
     p.add_argument("--out", default=None, help="JSON file for the results")

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                    help="merge these result files into --out and exit (no GPU needed)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no new row after this many seconds")
-    p.add_argument("--l2", choices=("cold", "warm"), default="cold",
+    p.add_argument("--l2", choices=gb.L2_MODES, default="cold",
                    help="cold: each side cycles through enough weight copies to miss the L2 "
                         "(a model's layers are distinct); warm: one copy (L2-resident where "
                         "it fits, the method before session 24)")

@@ -8,12 +8,13 @@ Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.pl
      K-split; wgmma plan (Hopper, 25 <= m <= 128): the warpgroup-MMA kernel
      (ffi/trellis_wgmma.py), partials or, with one K-split, y itself (step 3 in its epilogue);
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
-Three launches for a decode step. The prefill plan has no transforms: the dequantize kernel
-(ffi/trellis_dequant.py) writes the layer's weight itself (both Hadamards, suh and svh folded in)
-as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s: prefill_scale). One token
-(m = 1, the batch-1 decode step) runs as one custom call of two launches instead
-(ffi/trellis_linear.py: each decode-kernel CTA rotates its own k range of the row, and the
-output transform is chained behind it).
+Three launches for a decode step. The prefill plan from PREFILL_FOLD_MIN_M rows has no
+transforms: the dequantize kernel (ffi/trellis_dequant.py) writes the layer's weight itself
+(both Hadamards, suh and svh folded in) as fp16 [k, n], and one XLA dot multiplies fp16(x / s)
+by it (s: prefill_scale); below, the kernel writes W_hat and steps 1 and 3 run around the dot
+(TrellisPlan.fold_rotations). One token (m = 1, the batch-1 decode step) runs as one custom
+call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA rotates its own k
+range of the row, and the output transform is chained behind it).
 EXL3_JAX_TRANSFORMS=xla does steps 1 and 3 with jnp instead (the reference arithmetic; kept for
 comparison and debugging).
 

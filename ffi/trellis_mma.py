@@ -668,6 +668,29 @@ def store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg: cutlass.Cons
             out[(by * cfg.m_pad + tok) * cfg.n + col] = total
 
 
+def ring_buffer(cfg):
+    """The CTA's shared buffer of the cp.async ring (ring_bytes: the ring, then the warps' fold
+    in the same bytes), or None for direct loads. Plain Python inlined at trace time."""
+    if not cfg.ring:
+        return None
+    return cutlass.memory.SmemAllocator().allocate_tensor(
+        Uint32, cute.make_layout(cfg.ring_bytes // 4), 16)
+
+
+@cute.jit
+def cta_k_loop(xw, tw, ring, tile0, m0, kt0, k0, warp, lane, acc, funnels: list,
+               cfg: cutlass.Constexpr, n16: cutlass.Constexpr = None):
+    """The CTA's k loop over one linear (a group member: its activation row segment from k16
+    step kt0, its own n16): through the ring (ring_k_loop) or with direct loads
+    (dense_k_loop)."""
+    if cutlass.const_expr(cfg.ring):
+        ring_k_loop(xw, tw, ring, tile0, x_block_word(m0, kt0, cfg), k0, warp, lane, acc,
+                    funnels, cfg, n16)
+    else:
+        dense_k_loop(xw, tw, tile0, x_base_word(m0, kt0, lane, cfg), k0, warp, acc, funnels,
+                     cfg, n16)
+
+
 @cute.kernel
 def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                         cfg: cutlass.Constexpr):
@@ -677,17 +700,10 @@ def _trellis_mma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     m0 = bz * cfg.m_tile
     funnels = lane_funnels(geo, lane)                      # tile-independent, once per kernel
     acc = zero_accumulators(cfg)
-    if cutlass.const_expr(cfg.ring):
-        # the ring, then the warps' fold in the same bytes
-        ring = cutlass.memory.SmemAllocator().allocate_tensor(
-            Uint32, cute.make_layout(cfg.ring_bytes // 4), 16)
-        ring_k_loop(xw, tw, ring, tn0, x_block_word(m0, 0, cfg), by * cfg.k_per_split, warp,
-                    lane, acc, funnels, cfg)
-        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg, ring)
-    else:
-        dense_k_loop(xw, tw, tn0, x_base_word(m0, 0, lane, cfg), by * cfg.k_per_split, warp,
-                     acc, funnels, cfg)
-        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
+    ring = ring_buffer(cfg)
+    cta_k_loop(xw, tw, ring, tn0, m0, 0, by * cfg.k_per_split, warp, lane, acc, funnels, cfg)
+
+    store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg, ring)
 
 
 @cute.kernel
@@ -703,26 +719,16 @@ def _trellis_mma_group_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tenso
     k0 = by * cfg.k_per_split
     funnels = lane_funnels(geo, lane)
     acc = zero_accumulators(cfg)
+    ring = ring_buffer(cfg)
     tws = (tw0, tw1, tw2)
-    if cutlass.const_expr(cfg.ring):
-        ring = cutlass.memory.SmemAllocator().allocate_tensor(
-            Uint32, cute.make_layout(cfg.ring_bytes // 4), 16)
-        for i in cutlass.range_constexpr(len(cfg.members)):
-            t0, n16 = cfg.member_tiles[i]
-            if tn0 >= t0:
-                if tn0 < t0 + n16:
-                    ring_k_loop(xw, tws[i], ring, tn0 - t0, x_block_word(m0, i * cfg.k16, cfg),
-                                k0, warp, lane, acc, funnels, cfg, n16)
-        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg, ring)
-    else:
-        for i in cutlass.range_constexpr(len(cfg.members)):
-            t0, n16 = cfg.member_tiles[i]
-            if tn0 >= t0:
-                if tn0 < t0 + n16:
-                    dense_k_loop(xw, tws[i], tn0 - t0,
-                                 x_base_word(m0, i * cfg.k16, lane, cfg), k0, warp, acc,
-                                 funnels, cfg, n16)
-        store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg)
+    for i in cutlass.range_constexpr(len(cfg.members)):
+        t0, n16 = cfg.member_tiles[i]
+        if tn0 >= t0:
+            if tn0 < t0 + n16:
+                cta_k_loop(xw, tws[i], ring, tn0 - t0, m0, i * cfg.k16, k0, warp, lane, acc,
+                           funnels, cfg, n16)
+
+    store_cta_partials(acc, out, tid, lane, warp, tn0, m0, by, cfg, ring)
 
 
 @cute.jit

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--m", default="1")
     p.add_argument("--bf16", action="store_true",
                    help="also time a bf16 jnp.dot per (shape, m); rows gain bf16_us, x_bf16")
-    p.add_argument("--l2", choices=("cold", "warm"), default="cold",
+    p.add_argument("--l2", choices=gb.L2_MODES, default="cold",
                    help="as `bench linear --l2` (cold: weight copies cycled past the L2)")
     p.add_argument("--out")
     a = p.parse_args(argv)
@@ -47,7 +47,6 @@ def main(argv=None) -> int:
         name, _, value = kv.partition("=")
         os.environ[name] = value
     values = a.values.split("|")
-    copies = gb.cold_copies if a.l2 == "cold" else (lambda nbytes: 1)
     rows = []
     for shape in a.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -59,7 +58,7 @@ def main(argv=None) -> int:
                 xb = jnp.zeros((m, k), jnp.bfloat16)
                 bf16_us[m] = 1e6 * gb.time_in_loop(lambda x, w: jnp.dot(x, w), (xb, wb),
                                                    iters=gb.iters_for(m, k, n),
-                                                   copies=copies(2 * k * n))
+                                                   copies=gb.weight_copies(2 * k * n, a.l2))
         for K in (float(v) if "." in v else int(v) for v in a.K.split(",")):
             for cb in a.codebooks.split(","):
                 w = gb.random_weight(k, n, K, cb)
@@ -74,7 +73,7 @@ def main(argv=None) -> int:
                         first = y if first is None else first
                         rel = float(np.linalg.norm(y - first) / np.linalg.norm(first))
                         us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n),
-                                                   copies=copies(w.nbytes))
+                                                   copies=gb.weight_copies(w.nbytes, a.l2))
                         row = {"k": k, "n": n, "K": K, "codebook": cb, "m": m, a.env: v,
                                "l2": a.l2,
                                "us": round(us, 2), "rel_l2_vs_first": rel,

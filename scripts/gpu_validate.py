@@ -53,7 +53,7 @@ from _gpu_bench_common import env_var
 
 from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
-from exl3_jax.ops.plans import select_plan
+from exl3_jax.ops.plans import RING_SLOTS, select_plan
 from exl3_jax.trellis import decode_trellis, dequantize, linear_reference
 
 M_LIST = (1, 2, 3, 7, 8, 16, 31, 32, 33, 128, 1000, 4096)
@@ -106,8 +106,8 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
     in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
     plan: split pairs for 3inst / mcg, whose MMA sums each weight's two fp16 halves in fp32, so
-    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma,
-    with A from registers and from shared memory) on all k one-hot rows at once (m = k), so the config costs one XLA compile. A mismatch
+    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma)
+    on all k one-hot rows at once (m = k), so the config costs one XLA compile. A mismatch
     records its first few (row, column, got, want): a permuted fragment or stage layout shows
     as a pattern there."""
     from exl3_jax.ffi.aot import device_arch
@@ -181,7 +181,7 @@ def forced_plan(m, k, n, kind):
     slots per warp) and the most wgmmas in flight (MAX_WGMMA_DEPTH), with one K-split and no
     fused epilogue, so each CTA's chunks wrap around the ring and its stages are reused as
     soon as the rules allow; "wgmma_fused": with one K-split and the output transform in its
-    epilogue; "decode_ring": the decode plan with its loads through a 3-slot cp.async ring of
+    epilogue; "decode_ring": the decode plan with its loads through a RING_SLOTS cp.async ring of
     at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
     loads); "prefill" / "prefill_fold": the prefill plan with the transform kernels around
     W_hat / the rotations folded into the weight, at any m (auto picks by
@@ -196,7 +196,7 @@ def forced_plan(m, k, n, kind):
                                    fused_out=True)
     if kind == "decode_ring":
         plan = tg.plan_for_shape(m, k, n, force="decode")
-        return dataclasses.replace(plan, ring=3, unroll=min(plan.unroll, 2))
+        return dataclasses.replace(plan, ring=RING_SLOTS, unroll=min(plan.unroll, 2))
     if kind in ("prefill", "prefill_fold"):
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="prefill"),
                                    fold_rotations=kind == "prefill_fold")
@@ -621,7 +621,8 @@ def run_memcheck(kind: str) -> int:
     w = gb.random_weight(k, n, 3, "mcg")
     bad = 0
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
-    runs = {"decode": [(5, "decode"), (1, "decode"), (5, "decode_ring"), (1, "decode_ring")], "prefill": [(40, "prefill"), (40, "prefill_fold")],
+    runs = {"decode": [(5, "decode"), (1, "decode"), (5, "decode_ring"), (1, "decode_ring")],
+            "prefill": [(40, "prefill"), (40, "prefill_fold")],
             "tiles": [(200, "tiles")],
             "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
     for m, variant in runs:

@@ -232,7 +232,8 @@ print(np.asarray(jax.jit(lambda x: tm.moe_gpu(x, ids, w, w13, down))(x)).shape)
 BUGS = {
     "decode-ring-read-before-its-copies-land": (
         "trellis_mma.py",
-        "        cp_async_wait(cfg.ring - 2)                # chunk c's copies by this lane have landed\n",
+        "        cp_async_wait(cfg.ring - 2)                # chunk c's copies by this lane"
+        " have landed\n",
         "",
         RING.replace("from exl3_jax.ffi import trellis_gemm as tg",
                      "import ffi.trellis_gemm as tg"),

@@ -1094,10 +1094,11 @@ def test_compile_cases_cover_the_plan_parameters():
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch, tmp_path):
     # had_in, GEMM kernel, had_out; one token up to ROW_LINEAR_MAX_WEIGHTS (each case has a
-    # row tiling): the row linear's one call of two kernels; prefill from 2048 rows: the dequantize kernel alone
-    # (the rotations are in the weight it writes, XLA runs the dot), below: had_in, the
-    # dequantize kernel (W_hat), had_out. No kernel spills registers to local memory
-    # (a register cap or a layout change that does is a slowdown no other CPU check shows).
+    # row tiling): the row linear's one call of two kernels; prefill from 2048 rows: the
+    # dequantize kernel alone (the rotations are in the weight it writes, XLA runs the dot),
+    # below: had_in, the dequantize kernel (W_hat), had_out. No kernel spills registers to
+    # local memory (a register cap or a layout change that does is a slowdown no other CPU
+    # check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
     keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
     rows = check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900, env=keep)
@@ -1341,6 +1342,9 @@ def test_bench_timer_and_weights():
         bench.time_in_loop(spy, (x, wt), iters=16, copies=3)
     l2 = bench.L2_BYTES
     assert [bench.cold_copies(b) for b in (3 * l2, 2 * l2, l2, l2 // 2, 1)] == [1, 2, 4, 8, 8]
+    assert (bench.weight_copies(l2, "cold"), bench.weight_copies(l2, "warm")) == (4, 1)
+    with pytest.raises(ValueError, match="l2 must be one of"):
+        bench.weight_copies(l2, "hot")
 
 
 def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):

@@ -110,10 +110,10 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     want = {8: 8, 16: 2}.get(m_tile, 1)
     unroll = next(u for u in (8, 4, 2, 1) if u <= want and per_warp % u == 0)
     if ring and m == 1 and k * n > ROW_LINEAR_MAX_WEIGHTS:
-        ring = _ring_plan(k16, warps, ctas, sms)
-        if ring is not None:
+        ring_splits = _ring_plan(k16, warps, ctas, sms)
+        if ring_splits is not None:
             return TrellisPlan("decode", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps,
-                               splits=ring, unroll=RING_UNROLL, ring=RING_SLOTS)
+                               splits=ring_splits, unroll=RING_UNROLL, ring=RING_SLOTS)
     return TrellisPlan("decode", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps, splits=splits,
                        unroll=unroll)
 
