@@ -192,11 +192,15 @@ for cb, K, k, n, m, ring, unroll, splits, *members in json.loads(sys.argv[2]):
 # ("fragments"), chunks per warp from 1 (fewer than the ring's lead) to 4 (wrapping around),
 # weight pieces that do not divide over the lanes (K = 3, 2.5, 3.5), mul1's affine epilogue,
 # linear groups (members' n last: one launch, each member's tiles and activation segment).
+# Ring slots 0: the direct loads alone (checked against the reference only) in the m = 16
+# plan's 8-step chunks, which the dispatch cases' small shapes never reach (split pairs for
+# mcg K4, packed pairs for mul1).
 RING_CASES = [("mcg", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 4, 1024, 256, 1, 2, 4, 1),
               ("3inst", 3, 512, 256, 1, 3, 1, 1), ("mcg", 3, 1024, 256, 5, 3, 2, 1),
               ("mul1", 2.5, 512, 256, 1, 4, 1, 4), ("mul1", 3.5, 256, 256, 1, 3, 1, 1),
               ("mcg", 4, 512, 256, 16, 2, 1, 1), ("mcg", 4, 512, 512, 1, 3, 2, 1, 256, 128, 128),
-              ("mul1", 4, 512, 512, 5, 2, 1, 1, 256, 256)]
+              ("mul1", 4, 512, 512, 5, 2, 1, 1, 256, 256),
+              ("mcg", 4, 1024, 256, 16, 0, 8, 1), ("mul1", 3, 1024, 256, 16, 0, 8, 1)]
 
 
 @needs_cutlass
@@ -208,8 +212,8 @@ def test_decode_ring_equals_direct_loads(rng, arch):
                      env={"EXL3_JAX_ROW_LINEAR": "0"})
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases)
-    assert {r["layout"] for r in rows} == ({"token", "fragments"} if arch == "sm_90a"
-                                           else {"token"})
+    assert {r["layout"] for r in rows if r["case"][5]} == ({"token", "fragments"}
+                                                          if arch == "sm_90a" else {"token"})
     assert {r["chunks"] for r in rows} >= ({1, 2, 4} if arch == "sm_90a" else {2, 4}), rows
     for row in rows:
         assert row["same"] and row["rel"] <= 1e-3, row

@@ -104,10 +104,12 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
                    and ctas * s >= min(min_ctas, ctas * allowed[-1])), allowed[-1])
     # Loads of `unroll` k16 steps are issued together (memory-level parallelism); it must divide
     # each warp's share of the split.
-    # Measured on the H200 (bench/NOTES.md): 8 steps per chunk is best with one token group,
-    # fewer with more groups (more live registers per step).
+    # 8 steps per chunk with one and two token groups: two groups ran 2-step chunks until
+    # session 25 (H100, L2-cold, 8192x28672 and 4096x14336 m = 16: 8 steps -7/-8% K4 mcg,
+    # -19/-20% K4 mul1, 0% K3 mcg, -3% K3 mul1; 70-78 registers for mcg, 52-61 for mul1, the
+    # same CTAs per SM as 2 steps); three or four groups one step (H200, bench/NOTES.md).
     per_warp = k16 // splits // warps
-    want = {8: 8, 16: 2}.get(m_tile, 1)
+    want = {8: 8, 16: 8}.get(m_tile, 1)
     unroll = next(u for u in (8, 4, 2, 1) if u <= want and per_warp % u == 0)
     if ring and m == 1 and k * n > ROW_LINEAR_MAX_WEIGHTS:
         ring_splits = _ring_plan(k16, warps, ctas, sms)
