@@ -1,8 +1,11 @@
 """Time one switch of the GPU Trellis linear in one process (tuning aid; bench/NOTES.md).
 
   python scripts/gpu_linear_ab.py --env EXL3_JAX_ONE_TOKEN --values '0|1|0|1'
-      [--env2 EXL3_JAX_ROW_LINEAR=0] [--shapes 8192x28672,4096x14336] [--K 4]
+      [--env2 EXL3_JAX_ROW_LINEAR=0] [--shapes 8192x28672,4096x14336+14336] [--K 4]
       [--codebooks mcg,mul1] [--m 1] [--l2 cold|warm] [--out ab.json]
+
+A shape KxN1+N2[+N3] is a linear group (gate/up-like, q/k/v-like): one weight per member, run
+as the model runs them (trellis_gemm.trellis_matmul_group_gpu: one launch over the members).
 
 For every (shape, K, codebook, m) the values of the environment variable ``--env`` are set in
 turn (a repeated value is timed again: drift between neighbours shows as their spread), each
@@ -28,6 +31,13 @@ from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
 
 
+def linear_op(members: int):
+    """op(x, weights) -> float32 [m, sum(n_i)]: one linear, or a group of ``members``."""
+    if members == 1:
+        return lambda x, w: tg.trellis_matmul_gpu(x, w[0])
+    return lambda x, w: jnp.concatenate(tg.trellis_matmul_group_gpu(x, w), axis=-1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--env", required=True)
@@ -49,7 +59,9 @@ def main(argv=None) -> int:
     values = a.values.split("|")
     rows = []
     for shape in a.shapes.split(","):
-        k, n = (int(v) for v in shape.split("x"))
+        k, members = shape.split("x")
+        k, members = int(k), [int(v) for v in members.split("+")]
+        n = sum(members)
         bf16_us = {}
         if a.bf16:
             wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02,
@@ -61,27 +73,30 @@ def main(argv=None) -> int:
                                                    copies=gb.weight_copies(2 * k * n, a.l2))
         for K in (float(v) if "." in v else int(v) for v in a.K.split(",")):
             for cb in a.codebooks.split(","):
-                w = gb.random_weight(k, n, K, cb)
+                w = [gb.random_weight(k, ni, K, cb) for ni in members]
                 for m in (int(v) for v in a.m.split(",")):
                     x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)),
                                     jnp.bfloat16)
                     first = None
                     for v in values:
                         os.environ[a.env] = v
-                        op = lambda x, w: tg.trellis_matmul_gpu(x, w)   # noqa: E731
+                        op = linear_op(len(members))
                         try:
                             y = np.asarray(jax.jit(op)(x, w))
                         except Exception as e:     # a value the kernel rejects: say so, go on
-                            row = {"k": k, "n": n, "K": K, "codebook": cb, "m": m, a.env: v,
+                            row = {"k": k, "n": n, "members": members, "K": K, "codebook": cb,
+                                   "m": m, a.env: v,
                                    "error": f"{type(e).__name__}: {str(e)[:300]}"}
                             rows.append(row)
                             print(json.dumps(row), flush=True)
                             continue
                         first = y if first is None else first
                         rel = float(np.linalg.norm(y - first) / np.linalg.norm(first))
+                        nbytes = sum(wi.nbytes for wi in w)
                         us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n),
-                                                   copies=gb.weight_copies(w.nbytes, a.l2))
-                        row = {"k": k, "n": n, "K": K, "codebook": cb, "m": m, a.env: v,
+                                                   copies=gb.weight_copies(nbytes, a.l2))
+                        row = {"k": k, "n": n, "members": members, "K": K, "codebook": cb,
+                               "m": m, a.env: v,
                                "l2": a.l2,
                                "us": round(us, 2), "rel_l2_vs_first": rel,
                                "finite": bool(np.isfinite(y).all())}

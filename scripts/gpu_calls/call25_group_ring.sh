@@ -1,0 +1,14 @@
+# Call 25 (~2 min): the ring in the linear-group kernel, standalone. Session 25's decode-step
+# profile put the gate/up group kernel at 998 us per step with the ring and 970 without (+3%),
+# while the one-linear A/B at 4096x28672 gained 7%. Groups as the model runs them
+# (trellis_matmul_group_gpu), ring (default) vs EXL3_JAX_DECODE_RING=off, m = 1, L2-cold,
+# twice each: Llama-3-8B gate/up (4096x14336+14336) and a 70B-like gate/up (8192x28672+28672).
+# Decision rule: groups keep the ring where it is not slower than off at 4096x14336+14336 K4
+# (both codebooks); else the group plan takes direct loads (decode_plan(..., ring=False)).
+CALL=call25
+EXL3_JAX_PLAN=decode timeout 150 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values '|off||off' --shapes 4096x14336+14336,8192x28672+28672 --K 4,3 --codebooks mcg,mul1 --m 1 --out $RES/25_group_ring.json > $RES/25_group_ring.log 2>&1
+t "ab group ring rc=$?"; grep '^{' $RES/25_group_ring.log | python3 -c "
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(r['k'],r['members'],r['K'],r['codebook'],repr(r['EXL3_JAX_DECODE_RING']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+t done
