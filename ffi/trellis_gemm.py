@@ -39,9 +39,10 @@ Environment:
   EXL3_JAX_PAIR_FRAGMENTS = 0 | 1             packed decode kernels of 2+ token groups read
                                               B-fragment-ordered pairs (MmaConfig.pair_fragments;
                                               default 0, not measured yet).
-  EXL3_JAX_SPLIT_GROUPS = 1 | 2 | 3 | 4       3inst / mcg decode kernels of up to this many token
-                                              groups run split pairs (MmaConfig.split_groups;
-                                              default SPLIT_GROUPS_BY_K: 3 at K = 4, else 1).
+  EXL3_JAX_SPLIT_GROUPS = 1 | 2 | 3 | 4       decode kernels of up to this many token groups run
+                                              split pairs (MmaConfig.split_groups; default
+                                              SPLIT_GROUPS_BY_K for 3inst / mcg: 3 at K = 4,
+                                              else 1; mul1: 1).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth]]]
@@ -313,13 +314,16 @@ def _pair_fragments() -> bool:
 
 # 3inst / mcg decode kernels run split pairs up to this many token groups by default, per K
 # (H100, session 23, 8192x28672 and 4096x14336 m = 16, mcg: 3 groups against packed pairs
-# -9 to -12% at K4, -1 to 0% at K3; other rates not measured).
+# -9 to -12% at K4, -1 to 0% at K3; other rates not measured). mul1: one group by default
+# (2+ groups add one MMA per k16 step and group for the sums of x; not measured).
 SPLIT_GROUPS_BY_K = {4: 3}
 
 
-def _split_groups(K) -> int:
+def _split_groups(K, codebook: str) -> int:
     env = os.environ.get(SPLIT_GROUPS_ENV, "")
-    return int(env) if env else SPLIT_GROUPS_BY_K.get(K, 1)
+    if env:
+        return int(env)
+    return 1 if codebook == "mul1" else SPLIT_GROUPS_BY_K.get(K, 1)
 
 
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
@@ -331,7 +335,7 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                     n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
                     unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
                     one_token=_one_token(plan), pair_fragments=_pair_fragments(),
-                    split_groups=_split_groups(weight.K))
+                    split_groups=_split_groups(weight.K, weight.codebook))
     if plan.ring and cfg.ring_layout_ok:    # else (packed pairs): direct loads
         cfg = dataclasses.replace(cfg, ring=plan.ring)
         # wide tiles (K >= 7 at 8 steps) or 8 tokens' B fragments: shorter chunks until the

@@ -115,24 +115,26 @@ class MmaTiling(KSplitShape):
 
     # mul1 split pairs need the affine epilogue (mul1_affine) that only the dense kernels apply.
     mul1_split = False
-    split_groups = 1    # MmaConfig's field: token groups up to which 3inst / mcg split pairs
+    split_groups = 1    # MmaConfig's field: token groups up to which the kernel splits pairs
 
     @property
     def split_pairs(self) -> bool:
         """One weight per A register (cute_ops.decode_halves) and two MMAs per tile and token
-        group: one token group, or for 3inst / mcg up to ``split_groups``. For 3inst / mcg that
+        group: up to ``split_groups`` token groups (at least one). For 3inst / mcg that
         trades the two PRMTs per weight pair of packing (ALU pipe, the bottleneck there) and
         the HADD2 that sums the codebook's halves for a second MMA (the tensor pipe is mostly
         idle): -8% (K3) and -10% (K4) at 8192x28672 m=1 on the H200. mul1 (where
         ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine epilogue
-        (one token group: mul1_affine sums one group's x). With 2 token groups split pairs
+        (mul1_affine: one more MMA per k16 step and token group sums the group's x; 2+ groups
+        only where EXL3_JAX_SPLIT_GROUPS says, not measured). With 2 token groups split pairs
         measured +20% at m=16 (session 11, before the leaner decodes); with today's decodes 3
         groups ran 9-12% faster than packed pairs at K4 m = 16 and tied at K3 (session 23,
-        H100; K4 mcg per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so K4 takes them up to
-        3 groups (trellis_gemm.SPLIT_GROUPS_BY_K)."""
+        H100; K4 mcg per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so 3inst / mcg at K4
+        take them up to 3 groups (trellis_gemm.SPLIT_GROUPS_BY_K)."""
+        groups = self.m_groups <= max(1, self.split_groups)
         if self.codebook in LOP3_CODEBOOKS:
-            return self.m_groups <= max(1, self.split_groups)
-        return self.codebook == "mul1" and self.mul1_split and self.m_groups == 1
+            return groups
+        return self.codebook == "mul1" and self.mul1_split and groups
 
     @property
     def x_layout(self) -> str:
@@ -195,8 +197,8 @@ class MmaConfig(MmaTiling):
     # (trellis_geometry.pair_fragment_word: one 128-byte line per warp load) instead of
     # row-major pairs (8 token rows' lines per load). Not measured yet: EXL3_JAX_PAIR_FRAGMENTS=1.
     pair_fragments: bool = False
-    # 3inst / mcg with up to this many token groups run split pairs (MmaTiling.split_pairs;
-    # trellis_gemm.SPLIT_GROUPS_BY_K picks it, EXL3_JAX_SPLIT_GROUPS overrides).
+    # Kernels of up to this many token groups run split pairs (MmaTiling.split_pairs;
+    # trellis_gemm._split_groups picks it by codebook and K, EXL3_JAX_SPLIT_GROUPS overrides).
     split_groups: int = 1
     # Chunk slots of each warp's cp.async ring in shared memory (ring_k_loop; 0: every lane
     # loads its words straight from global memory, dense_k_loop). Split pairs with B
@@ -416,16 +418,17 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum=None):
     """Decode the chunk's tiles and accumulate acc[(g * n_tiles + j) * 4 + r] += W^T x: one
     m16n8k16 MMA per tile and token group with weights packed two per register, or two MMAs
     with ``cfg.split_pairs`` (even-k weights, then odd-k weights, each weight's register
-    against B words holding each activation in both halves). xsum (mul1 split pairs, one
-    token group): also accumulate the sums of x, one MMA per k16 step of the B words as the
-    A operand against B = ones (see mul1_affine)."""
+    against B words holding each activation in both halves). xsum (mul1 split pairs): also
+    accumulate the sums of x, one MMA per k16 step and token group of that group's B words as
+    the A operand against B = ones (see mul1_affine)."""
     for u in range(cfg.unroll):
         if xsum is not None:
-            (b0, b1), (b2, b3) = bfrag[u]
-            c = mma_m16n8k16_f16_f32([b0, b1, b2, b3], [Uint32(0x3C003C00)] * 2,
-                                     [xsum[r] for r in range(4)])
-            for r in range(4):
-                xsum[r] = c[r]
+            for g in range(cfg.m_groups):
+                (b0, b1), (b2, b3) = bfrag[u * cfg.m_groups + g]
+                c = mma_m16n8k16_f16_f32([b0, b1, b2, b3], [Uint32(0x3C003C00)] * 2,
+                                         [xsum[4 * g + r] for r in range(4)])
+                for r in range(4):
+                    xsum[4 * g + r] = c[r]
         for j in range(cfg.n_tiles):
             words = wbuf[u * cfg.n_tiles + j]
             if cfg.split_pairs:
@@ -444,32 +447,37 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum=None):
 
 
 def mul1_sums(cfg):
-    """mma_chunk's xsum: 4 fp32 zeros where the kernel runs mul1 split pairs, else None."""
+    """mma_chunk's xsum: 4 fp32 zeros per token group where the kernel runs mul1 split pairs,
+    else None."""
     if not (cfg.codebook == "mul1" and cfg.split_pairs):
         return None
-    xsum = cute.make_rmem_tensor((4,), Float32)
-    for i in range(4):
+    xsum = cute.make_rmem_tensor((4 * cfg.m_groups,), Float32)
+    for i in range(4 * cfg.m_groups):
         xsum[i] = Float32(0.0)
     return xsum
 
 
 def mul1_affine(acc, xsum, cfg):
-    """The mul1 split-pair epilogue (one token group; nothing where xsum is None): acc holds
+    """The mul1 split-pair epilogue (nothing where xsum is None): acc holds
     sum (h - MUL1_CENTER) * x (cute_ops.decode_halves) -> k_inv * acc + MUL1_RESIDUAL * sum(x),
-    the codebook values' product, in place (before any fold: it is linear). xsum is mma_chunk's
-    D fragment of the x words (as A) times ones: token tau's sum, twice, split over rows tau
-    and tau + 8, so lane 4 tau + t holds it as xsum[0] + xsum[2]; acc's columns 2t, 2t + 1
-    (lane 4g + t) take it from lanes 8t and 8t + 4 (one token: every lane holds token 0's).
-    Plain Python inlined at trace time."""
+    the codebook values' product, in place (before any fold: it is linear). xsum holds, per
+    token group g, mma_chunk's D fragment of the group's x words (as A) times ones: token
+    tau's sum, twice, split over rows tau and tau + 8, so lane 4 tau + t holds it as
+    xsum[4g] + xsum[4g + 2]; the group's acc columns 2t, 2t + 1 (lane 4r + t) take it from
+    lanes 8t and 8t + 4 (one token: every lane holds token 0's). Plain Python inlined at
+    trace time."""
     if xsum is None:
         return
-    own = (xsum[0] + xsum[2]) * Float32(0.5 * float(MUL1_RESIDUAL))
-    sums = [own, own]
-    if cfg.x_layout != "token":
-        lane = cute.arch.lane_idx()
-        sums = [cute.arch.shuffle_sync(own, offset=8 * (lane % 4) + 4 * h) for h in (0, 1)]
-    for i in range(cfg.acc_regs):
-        acc[i] = acc[i] * Float32(float(MUL1_K_INV)) + sums[i % 2]
+    group_regs = cfg.n_tiles * 4
+    lane = cute.arch.lane_idx() if cfg.x_layout != "token" else None
+    for g in range(cfg.m_groups):
+        own = (xsum[4 * g] + xsum[4 * g + 2]) * Float32(0.5 * float(MUL1_RESIDUAL))
+        sums = [own, own]
+        if lane is not None:
+            sums = [cute.arch.shuffle_sync(own, offset=8 * (lane % 4) + 4 * h)
+                    for h in (0, 1)]
+        for i in range(g * group_regs, (g + 1) * group_regs):
+            acc[i] = acc[i] * Float32(float(MUL1_K_INV)) + sums[i % 2]
 
 
 def zero_accumulators(cfg):

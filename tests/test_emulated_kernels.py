@@ -219,6 +219,51 @@ def test_decode_ring_equals_direct_loads(rng, arch):
         assert row["same"] and row["rel"] <= 1e-3, row
 
 
+# mul1 split pairs over 1-4 token groups (EXL3_JAX_SPLIT_GROUPS): the affine epilogue adds
+# MUL1_RESIDUAL times each token's sum of its rotated row, summed by one extra MMA per k16
+# step and token group. Random rows make that term small (a group reading group 0's sums
+# stays within 1e-3), so each token's rotated row here is nearly constant per 128-block (x *
+# suh = c_t sqrt(128) e_0 in every block, plus a little noise): then the term is a
+# token-specific share of every output, and a wrong sum is off by percents.
+AFFINE = """
+import json, sys
+import jax.numpy as jnp, numpy as np
+from exl3_jax.ffi import trellis_gemm as tg
+from exl3_jax.ffi.bench import random_weight
+from exl3_jax.ops.plans import select_plan
+from exl3_jax.trellis import linear_reference
+rng = np.random.default_rng(int(sys.argv[1]))
+for K, k, n, m in json.loads(sys.argv[2]):
+    w = random_weight(k, n, K, "mul1", seed=int(rng.integers(2**31)))
+    plan = select_plan(m, k, n, force="decode")
+    cfg = tg._mma_config(w, plan)
+    c = rng.uniform(0.5, 2.0, size=(m, 1)) * rng.choice([-1.0, 1.0], size=(m, 1))
+    x = rng.standard_normal((m, k)) * 0.05
+    x[:, ::128] += c * np.sqrt(128) / np.asarray(w.suh, np.float64)[::128]
+    x = jnp.asarray(x, jnp.float32)
+    y = np.asarray(tg.trellis_matmul_gpu(x, w, plan=plan))
+    ref = np.asarray(linear_reference(x, w.trellis, w.suh, w.svh, "mul1", w.bias), np.float64)
+    rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+    print(json.dumps(dict(case=[K, k, n, m], split=cfg.split_pairs, groups=cfg.m_groups,
+                          nonfinite=int((~np.isfinite(y)).sum()), rel=rel)), flush=True)
+    if rel > 1e-3:
+        sys.exit(f"mul1 affine sums off: {[K, k, n, m]} rel {rel:.2e}")
+"""
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_mul1_split_pairs_sum_each_token_groups_activations(rng, arch):
+    cases = [(4, 256, 256, 1), (3, 256, 256, 5), (4, 256, 256, 16), (3, 512, 256, 24),
+             (2, 256, 256, 32)]
+    proc = _emulated(["-c", AFFINE, str(int(rng.integers(2**31))), json.dumps(cases)],
+                     timeout=900, arch=arch, env={"EXL3_JAX_SPLIT_GROUPS": "4"})
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["groups"] for r in rows] == [1, 1, 2, 3, 4] and all(r["split"] for r in rows)
+    for row in rows:
+        assert row["nonfinite"] == 0 and row["rel"] <= 1e-3, row
+
+
 MOE = """
 import sys
 import jax, numpy as np
@@ -265,6 +310,15 @@ BUGS = {
         MOE.replace("draw_tokens(rng, 3,", "draw_tokens(rng, 1,").replace(
             "random_moe(rng, 8, 512, 256,", "random_moe(rng, 8, 512, 768,"), {}, [],
         "shared-memory race"),
+    "mul1-token-groups-share-group-0s-sums": (
+        # not a synchronisation: the numbers go wrong, and AFFINE's inputs make it show
+        "trellis_mma.py",
+        "        own = (xsum[4 * g] + xsum[4 * g + 2])",
+        "        own = (xsum[0] + xsum[2])",
+        AFFINE.replace("from exl3_jax.ffi import trellis_gemm as tg",
+                       "import ffi.trellis_gemm as tg"),
+        {"EXL3_JAX_SPLIT_GROUPS": "2"}, ["1", json.dumps([(4, 256, 256, 16)])],
+        "mul1 affine sums off"),
     "moe-combine-without-pdl-wait": (
         "trellis_moe.py",
         "    cute.arch.griddepcontrol_wait()            # FC2's partials, activation's row scales\n",
@@ -278,7 +332,8 @@ BUGS = {
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_kernel_bug_is_caught_by_the_emulation(tmp_path, bug):
     """The checks can fail: a kernel source edited to drop one synchronisation (rebuilt by the
-    DSL) is reported, though its numbers may still come out right (the interpreter runs
+    DSL; one entry instead reads the wrong token group's sums) is reported, though its numbers
+    may still come out right (the interpreter runs
     warps in lockstep and launches in order; only the ordering checks see it). The same
     driver on the unedited source passes."""
     name, old, new, driver, env, argv, message = BUGS[bug]
