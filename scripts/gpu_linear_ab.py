@@ -74,32 +74,30 @@ def main(argv=None) -> int:
         for K in (float(v) if "." in v else int(v) for v in a.K.split(",")):
             for cb in a.codebooks.split(","):
                 w = [gb.random_weight(k, ni, K, cb) for ni in members]
+                copies = gb.weight_copies(sum(wi.nbytes for wi in w), a.l2)
                 for m in (int(v) for v in a.m.split(",")):
                     x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)),
                                     jnp.bfloat16)
                     first = None
                     for v in values:
                         os.environ[a.env] = v
+                        key = {"k": k, "n": n, "members": members, "K": K, "codebook": cb,
+                               "m": m, a.env: v}
+                        # a fresh function per value, so jit traces it under the new value
                         op = linear_op(len(members))
                         try:
                             y = np.asarray(jax.jit(op)(x, w))
                         except Exception as e:     # a value the kernel rejects: say so, go on
-                            row = {"k": k, "n": n, "members": members, "K": K, "codebook": cb,
-                                   "m": m, a.env: v,
-                                   "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                            row = dict(key, error=f"{type(e).__name__}: {str(e)[:300]}")
                             rows.append(row)
                             print(json.dumps(row), flush=True)
                             continue
                         first = y if first is None else first
                         rel = float(np.linalg.norm(y - first) / np.linalg.norm(first))
-                        nbytes = sum(wi.nbytes for wi in w)
                         us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n),
-                                                   copies=gb.weight_copies(nbytes, a.l2))
-                        row = {"k": k, "n": n, "members": members, "K": K, "codebook": cb,
-                               "m": m, a.env: v,
-                               "l2": a.l2,
-                               "us": round(us, 2), "rel_l2_vs_first": rel,
-                               "finite": bool(np.isfinite(y).all())}
+                                                   copies=copies)
+                        row = dict(key, l2=a.l2, us=round(us, 2), rel_l2_vs_first=rel,
+                                   finite=bool(np.isfinite(y).all()))
                         if m in bf16_us:
                             row["bf16_us"] = round(bf16_us[m], 2)
                             row["x_bf16"] = round(bf16_us[m] / us, 3)
