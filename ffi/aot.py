@@ -72,11 +72,12 @@ def disabled_checks():
     return cutlass.jax.get_export_disabled_safety_checks()
 
 
-def resolve_plan(m: int, k: int, n: int, plan=None, *, sms: int | None = None):
+def resolve_plan(m: int, k: int, n: int, plan=None, *, sms: int | None = None,
+                 codebook: str | None = None):
     """The TrellisPlan an artifact is built for: ``plan`` itself, select_plan with a forced
-    kind (or None = auto) for ``sms`` SMs (default: the H200's 132, the plans' DEFAULT_SMS) and
-    the configured arch, or for "kind:tiling" (e.g. "wgmma:128,2,1,1") that kind with that
-    tiling (plans.tiled_plan)."""
+    kind (or None = auto) for ``sms`` SMs (default: the H200's 132, the plans' DEFAULT_SMS),
+    the configured arch and ``codebook``, or for "kind:tiling" (e.g. "wgmma:128,2,1,1") that
+    kind with that tiling (plans.tiled_plan)."""
     from exl3_jax.ops.plans import DEFAULT_SMS, TrellisPlan, select_plan, tiled_plan
     if isinstance(plan, TrellisPlan):
         return plan
@@ -84,7 +85,7 @@ def resolve_plan(m: int, k: int, n: int, plan=None, *, sms: int | None = None):
         kind, tiling = plan.split(":", 1)
         return tiled_plan(kind, m, k, n, tiling)
     return select_plan(m, k, n, sms=sms or DEFAULT_SMS, force=plan,
-                       hopper=configured_arch() == "sm_90a")
+                       hopper=configured_arch() == "sm_90a", codebook=codebook)
 
 
 def linear_key(k: int, n: int, K, codebook: str, m: int, x_dtype, bias: bool, plan,
@@ -114,7 +115,7 @@ def export_linear(k: int, n: int, K, codebook: str, m: int, plan=None, x_dtype=j
 
     if os.environ.get(AOT_DIR_ENV):
         raise RuntimeError(f"unset {AOT_DIR_ENV} while exporting (it would embed artifacts)")
-    tplan = resolve_plan(m, k, n, plan, sms=sms)
+    tplan = resolve_plan(m, k, n, plan, sms=sms, codebook=codebook)
 
     def fn(x, trellis, suh, svh, *b):
         w = Exl3Weight(trellis=trellis, suh=suh, svh=svh, bias=b[0] if b else None,
@@ -142,7 +143,7 @@ def export_group(k: int, members, K, codebook: str, m: int, x_dtype=jnp.bfloat16
 
     from . import trellis_gemm as tg
 
-    tplan = resolve_plan(m, k, sum(members), "decode")
+    tplan = resolve_plan(m, k, sum(members), "decode", codebook=codebook)
 
     def fn(x, bias0, *flat):          # member 0 has a bias, the others none
         ws = [Exl3Weight(trellis=t, suh=u, svh=v, bias=None if i else bias0,

@@ -141,15 +141,17 @@ def plan_force() -> str | None:
 def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPlan:
     """The plan of one linear on this process's device (its SMs and arch; a CPU process plans
     for $CUTE_DSL_ARCH), ``force`` or $EXL3_JAX_PLAN picking the kind."""
-    return plan_for_shape(m, weight.k, weight.n, force)
+    return plan_for_shape(m, weight.k, weight.n, force, codebook=weight.codebook)
 
 
-def plan_for_shape(m: int, k: int, n: int, force: str | None = None) -> TrellisPlan:
-    """plan_for of an [m, k] @ [k, n] linear (a linear group: n the members' sum), with the
-    tuning environment ($EXL3_JAX_TILES, _WGMMA, _DECODE_RING, _PREFILL_FOLD) applied."""
+def plan_for_shape(m: int, k: int, n: int, force: str | None = None, *,
+                   codebook: str | None = None) -> TrellisPlan:
+    """plan_for of an [m, k] @ [k, n] linear (a linear group: n the members' sum) in
+    ``codebook``, with the tuning environment ($EXL3_JAX_TILES, _WGMMA, _DECODE_RING,
+    _PREFILL_FOLD) applied."""
     from .aot import device_arch
     plan = select_plan(m, k, n, sms=device_sms(), force=force or plan_force(),
-                       hopper=device_arch() == "sm_90a")
+                       hopper=device_arch() == "sm_90a", codebook=codebook)
     tiling = os.environ.get({"tiles": TILES_ENV, "wgmma": WGMMA_ENV}.get(plan.kind, ""), "")
     if tiling:
         from exl3_jax.ops.plans import tiled_plan
@@ -314,8 +316,9 @@ def _pair_fragments() -> bool:
 
 # 3inst / mcg decode kernels run split pairs up to this many token groups by default, per K
 # (H100, session 23, 8192x28672 and 4096x14336 m = 16, mcg: 3 groups against packed pairs
-# -9 to -12% at K4, -1 to 0% at K3; other rates not measured). mul1: one group by default
-# (2+ groups add one MMA per k16 step and group for the sums of x; not measured).
+# -9 to -12% at K4, -1 to 0% at K3; other rates not measured). mul1: one group (2 groups,
+# which add one MMA per k16 step and group for the sums of x and 17 registers at K4, ran
+# +16 / +22% at K4 and +1 / +4% at K3 against packed pairs at m = 16: H100, session 26).
 SPLIT_GROUPS_BY_K = {4: 3}
 
 
@@ -785,7 +788,8 @@ def trellis_matmul_group_gpu(x, weights):
     lead = x.shape[:-1]
     m = int(np.prod(lead)) if lead else 1
     k = weights[0].k
-    plan = plan_for_shape(m, k, sum(w.n for w in weights), force="decode")
+    plan = plan_for_shape(m, k, sum(w.n for w in weights), force="decode",
+                          codebook=weights[0].codebook)
     y = trellis_matmul_group(jnp.reshape(x, (m, k)), weights, plan)
     starts = np.cumsum([0] + [w.n for w in weights])
     return [y[:, a:b].reshape(*lead, b - a) for a, b in zip(starts[:-1], starts[1:])]

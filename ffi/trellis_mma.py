@@ -126,8 +126,8 @@ class MmaTiling(KSplitShape):
         idle): -8% (K3) and -10% (K4) at 8192x28672 m=1 on the H200. mul1 (where
         ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine epilogue
         (mul1_affine: one more MMA per k16 step and token group sums the group's x; 2+ groups
-        only where EXL3_JAX_SPLIT_GROUPS says, not measured). With 2 token groups split pairs
-        measured +20% at m=16 (session 11, before the leaner decodes); with today's decodes 3
+        only where EXL3_JAX_SPLIT_GROUPS says: slower at m = 16, session 26). With 2 token
+        groups split pairs measured +20% at m=16 (session 11, before the leaner decodes); with today's decodes 3
         groups ran 9-12% faster than packed pairs at K4 m = 16 and tied at K3 (session 23,
         H100; K4 mcg per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so 3inst / mcg at K4
         take them up to 3 groups (trellis_gemm.SPLIT_GROUPS_BY_K)."""

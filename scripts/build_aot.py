@@ -63,7 +63,7 @@ def export_all(outdir: str, linears, ms, *, x_dtype: str, bias: bool, sms: int) 
         for m in ms:
             name = artifact_name(k, n, K, cb, m, x_dtype, bias, arch)
             t0 = time.perf_counter()
-            plan = aot.resolve_plan(m, k, n, sms=sms)
+            plan = aot.resolve_plan(m, k, n, sms=sms, codebook=cb)
             exp, key = aot.export_linear(k, n, K, cb, m, plan, x_dtype=x_dtype, bias=bias)
             blob = exp.serialize()
             with open(os.path.join(outdir, name), "wb") as f:

@@ -174,9 +174,10 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     return res
 
 
-def forced_plan(m, k, n, kind):
-    """The plan of a forced kind on this device's arch (trellis_gemm.plan_for_shape: the
-    production plan of that kind, e.g. the one-token ring past 2^26 weights on Hopper);
+def forced_plan(m, k, n, kind, codebook=None):
+    """The plan of a forced kind on this device's arch for weights in ``codebook``
+    (trellis_gemm.plan_for_shape: the production plan of that kind, e.g. the ring past 2^26
+    weights on Hopper);
     "wgmma_tight": the wgmma plan through the smallest weight ring (MIN_WEIGHT_RING chunk
     slots per warp) and the most wgmmas in flight (MAX_WGMMA_DEPTH), with one K-split and no
     fused epilogue, so each CTA's chunks wrap around the ring and its stages are reused as
@@ -195,12 +196,12 @@ def forced_plan(m, k, n, kind):
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
     if kind == "decode_ring":
-        plan = tg.plan_for_shape(m, k, n, force="decode")
+        plan = tg.plan_for_shape(m, k, n, force="decode", codebook=codebook)
         return dataclasses.replace(plan, ring=RING_SLOTS, unroll=min(plan.unroll, 2))
     if kind in ("prefill", "prefill_fold"):
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="prefill"),
                                    fold_rotations=kind == "prefill_fold")
-    return tg.plan_for_shape(m, k, n, force=kind)
+    return tg.plan_for_shape(m, k, n, force=kind, codebook=codebook)
 
 
 def check_gemm(cb, K, k, n, ms, kinds=None):
@@ -223,7 +224,7 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
                           ("tiles", "prefill", "prefill_fold") + (
                               ("wgmma", "wgmma_tight", "wgmma_fused") if hopper else ()))
              if kinds is None or kind.split("_")[0] in kinds or kind in kinds]
-    plans = [forced_plan(m, k, n, kind) for m, kind in cases]
+    plans = [forced_plan(m, k, n, kind, cb) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}
     # bf16 activations are materialized outside the jitted program: inside it XLA may keep the
@@ -274,7 +275,8 @@ def check_group(cb, K, k, members, ms=GROUP_M):
         ws.append(type(w)(w.trellis, w.suh, w.svh, bias, w.codebook, w.K, w.in_features,
                           w.out_features))
     nt = sum(members)
-    plans = [tg.plan_for_shape(m, k, nt, force="decode") for m in ms]   # this arch's, ring too
+    plans = [tg.plan_for_shape(m, k, nt, force="decode", codebook=cb)   # this arch's, ring too
+             for m in ms]
     xs = {m: jnp.asarray(np.random.default_rng(100 + m).standard_normal((m, k)), jnp.float32)
           for m in ms}
     xb = {m: jax.device_put(np.asarray(xs[m]).astype(jnp.bfloat16)) for m in ms}
@@ -489,7 +491,8 @@ def run_validation(args) -> dict:
 
     def group():
         rows = []
-        three, two = (n, n // 4, n // 4), (n, n)
+        quarter = max(128, n // 4 // 128 * 128)      # members' n: multiples of 128
+        three, two = (n, quarter, quarter), (n, n)
         cases = [(cb, K, members) for cb, K in configs(args.quick) for members in (three, two)]
         if args.quick:
             cases = [("mcg", 3, three), ("mul1", 4, two), ("mcg", 4, three), ("3inst", 2, two)]

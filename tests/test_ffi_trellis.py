@@ -402,6 +402,16 @@ def test_ring_plan(k, n):
     assert p.splits == (waves[0] if waves else allowed[-1]), p
     # measured (H100, session 24): 8192x28672 one split (896 CTAs) against 2 and 4
     assert plans.select_plan(1, 8192, 28672, hopper=True).splits == 1
+    # mul1's one token group (m 2..8) takes the same ring plan; 3inst / mcg, and weights of no
+    # stated codebook, keep direct loads there; two groups (m 9..16) have no ring plan
+    for m in (2, 5, 8):
+        assert plans.select_plan(m, k, n, hopper=True, codebook="mul1") == \
+            dataclasses.replace(p, m=m)
+        for cb in ("mcg", "3inst", None):
+            direct = plans.select_plan(m, k, n, hopper=True, codebook=cb)
+            assert direct.ring == 0 and direct == plans.select_plan(m, k, n, codebook=cb)
+    assert plans.select_plan(9, k, n, hopper=True, codebook="mul1").ring == 0
+    assert plans.select_plan(4, k, n, codebook="mul1").ring == 0          # Hopper only
 
 
 # --- B-fragment layout of the decode kernel's activation ----------------------------------

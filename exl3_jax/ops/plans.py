@@ -79,9 +79,10 @@ def _divisors(x: int) -> list[int]:
 
 
 def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
-                ring: bool = True) -> TrellisPlan:
-    """MMA-kernel plan for 1 <= m <= 32 (``ring``: False gives one token past
-    ROW_LINEAR_MAX_WEIGHTS the direct-load plan, for A/B runs)."""
+                ring: bool = True, codebook: str | None = None) -> TrellisPlan:
+    """MMA-kernel plan for 1 <= m <= 32 (``ring``: False gives the direct-load plan past
+    ROW_LINEAR_MAX_WEIGHTS, for A/B runs; ``codebook``: the weight's, None for one whose plan
+    does not depend on it)."""
     if not 1 <= m <= DECODE_MAX_M:
         raise ValueError(f"decode plan needs 1 <= m <= {DECODE_MAX_M}, got {m}")
     k16, n16 = k // 16, n // 16
@@ -107,11 +108,19 @@ def decode_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     # 8 steps per chunk with one and two token groups: two groups ran 2-step chunks until
     # session 25 (H100, L2-cold, 8192x28672 and 4096x14336 m = 16: 8 steps -7/-8% K4 mcg,
     # -19/-20% K4 mul1, 0% K3 mcg, -3% K3 mul1; 70-78 registers for mcg, 52-61 for mul1, the
-    # same CTAs per SM as 2 steps); three or four groups one step (H200, bench/NOTES.md).
+    # same CTAs per SM as 2 steps; 14336x4096 -11 to -18%). Three groups 2 steps (session 26,
+    # m = 24 against 1 / 4 / 8: K3 mul1 -10 / -13%, the rest -4 to +2%); four groups one
+    # step (H200, bench/NOTES.md; Hopper runs m >= 25 on wgmma).
     per_warp = k16 // splits // warps
-    want = {8: 8, 16: 8}.get(m_tile, 1)
+    want = {8: 8, 16: 8, 24: 2}.get(m_tile, 1)
     unroll = next(u for u in (8, 4, 2, 1) if u <= want and per_warp % u == 0)
-    if ring and m == 1 and k * n > ROW_LINEAR_MAX_WEIGHTS:
+    # The ring past 2^26 weights: one token, and mul1's one token group (m 2..8; H100, session
+    # 26, 8192x28672 and 4096x28672 m = 4 / 8 against direct loads: K4 -1 to -7%, K3 -11 to
+    # -15%; mcg lost 1-9% there, and keeps direct loads). Linear groups take the same plans
+    # (session 26, one token, ring against direct loads: 4096x14336+14336 K4 mcg +2.6%, K4
+    # mul1 -1.4%, K3 -1 / -4%; 8192x28672+28672 -1 to -7%).
+    if ring and (m == 1 or (m_tile == 8 and codebook == "mul1")) \
+            and k * n > ROW_LINEAR_MAX_WEIGHTS:
         ring_splits = _ring_plan(k16, warps, ctas, sms)
         if ring_splits is not None:
             return TrellisPlan("decode", m, m_tile=m_tile, n_tiles=n_tiles, warps=warps,
@@ -224,17 +233,19 @@ def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS, *,
 
 
 def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
-                force: str | None = None, hopper: bool = False) -> TrellisPlan:
+                force: str | None = None, hopper: bool = False,
+                codebook: str | None = None) -> TrellisPlan:
     """The plan for an [m, k] @ [k, n] Trellis GEMM on a device of ``sms`` SMs, Hopper
-    (sm_90a) or not (``hopper``: auto may pick wgmma). ``force`` picks a kind ("decode" only
-    valid for m <= 32; "wgmma" only on Hopper)."""
+    (sm_90a) or not (``hopper``: auto may pick wgmma), of weights in ``codebook`` (the decode
+    plan's ring depends on it; None: the codebook-independent plan). ``force`` picks a kind
+    ("decode" only valid for m <= 32; "wgmma" only on Hopper)."""
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
     if k % 128 or n % 128:
         raise ValueError(f"k={k}, n={n} must be multiples of 128")
     kind = plan_kind(m, force, hopper=hopper)
     if kind == "decode":
-        return decode_plan(m, k, n, sms=sms, ring=hopper)
+        return decode_plan(m, k, n, sms=sms, ring=hopper, codebook=codebook)
     if kind == "tiles":
         return tiles_plan(m, k, n, sms=sms)
     if kind == "wgmma":

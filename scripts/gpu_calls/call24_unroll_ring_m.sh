@@ -6,16 +6,9 @@
 # validation at a shape whose m = 16 plan takes 8-step chunks (4096x4096: 2 splits, 16 steps
 # per warp), m = 9 / 16 / 24.
 CALL=call24
-ab() {  # ab TAG M SHAPES VALUES
-  EXL3_JAX_PLAN=decode timeout 200 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values "$4" --shapes $3 --K 4,3 --codebooks mcg,mul1 --m $2 --out $RES/24_$1.json > $RES/24_$1.log 2>&1
-  t "ab $1 rc=$?"; grep '^{' $RES/24_$1.log | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['k'],r['n'],r['K'],r['codebook'],r['m'],repr(r['EXL3_JAX_DECODE_RING']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
-}
-ab m16 16 8192x28672,14336x4096,4096x4096,2048x768 '|0,2,0|'
-ab m24 24 8192x28672,4096x14336 '|0,2,0|0,4,0|0,8,0|'
-ab ring4 4,8 8192x28672,4096x28672 '|3,8,0|'
+ab_ring 24_m16 16 8192x28672,14336x4096,4096x4096,2048x768 '|0,2,0|'
+ab_ring 24_m24 24 8192x28672,4096x14336 '|0,2,0|0,4,0|0,8,0|'
+ab_ring 24_ring4 4,8 8192x28672,4096x28672 '|3,8,0|'
 timeout 120 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm --kinds decode --m 9,16,24 --k 4096 --n 4096 --budget-s 100 --out $RES/24_validate.json > $RES/24_validate.log 2>&1
 t "validate rc=$?"; grep SUMMARY $RES/24_validate.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/24_validate.log | head -4 | cut -c1-300; save
 t done
