@@ -36,9 +36,9 @@ Environment:
                                               0: the three calls of the decode plan).
   EXL3_JAX_ONE_TOKEN = 1 | 0                  m = 1 decode kernels read one token's activation
                                               words (trellis_mma.MmaConfig.one_token; default 1).
-  EXL3_JAX_PAIR_FRAGMENTS = 0 | 1             packed decode kernels of 2+ token groups read
+  EXL3_JAX_PAIR_FRAGMENTS = 1 | 0             packed decode kernels of 2+ token groups read
                                               B-fragment-ordered pairs (MmaConfig.pair_fragments;
-                                              default 0, not measured yet).
+                                              default 1; 0: row-major pairs, as the MoE reads).
   EXL3_JAX_SPLIT_GROUPS = 1 | 2 | 3 | 4       decode kernels of up to this many token groups run
                                               split pairs (MmaConfig.split_groups; default
                                               SPLIT_GROUPS_BY_K for 3inst / mcg: 3 at K = 4,
@@ -311,7 +311,7 @@ def _one_token(plan: TrellisPlan) -> bool:
 
 
 def _pair_fragments() -> bool:
-    return os.environ.get(PAIR_FRAGMENTS_ENV, "0") == "1"
+    return os.environ.get(PAIR_FRAGMENTS_ENV, "1") == "1"
 
 
 # 3inst / mcg decode kernels run split pairs up to this many token groups by default, per K

@@ -195,7 +195,10 @@ class MmaConfig(MmaTiling):
     one_token: bool = False
     # Packed kernels (2+ token groups) read their B registers in the "pairs" layout
     # (trellis_geometry.pair_fragment_word: one 128-byte line per warp load) instead of
-    # row-major pairs (8 token rows' lines per load). Not measured yet: EXL3_JAX_PAIR_FRAGMENTS=1.
+    # row-major pairs (8 token rows' lines per load): H100, session 26, m = 16 against rows:
+    # mul1 K4 -15 / -12% (8192x28672 / 4096x14336), K3 -5 / -6%, mcg K3 -1 / 0%; the same
+    # instructions, fewer sectors per load. trellis_gemm passes True unless
+    # EXL3_JAX_PAIR_FRAGMENTS=0.
     pair_fragments: bool = False
     # Kernels of up to this many token groups run split pairs (MmaTiling.split_pairs;
     # trellis_gemm._split_groups picks it by codebook and K, EXL3_JAX_SPLIT_GROUPS overrides).

@@ -922,10 +922,10 @@ def test_one_token_decode_plan(rng, emulated_kernels, monkeypatch, codebook, K, 
 
 @pytest.mark.parametrize("members", [(), (256, 128, 128)])
 def test_pair_fragment_plumbing(rng, emulated_kernels, monkeypatch, members):
-    # EXL3_JAX_PAIR_FRAGMENTS=1 at m = 12 (two token groups, packed: K3, where split pairs stop
-    # at one group): the input transform's "pairs" words reach the kernel (emulated), the
-    # result is the reference's.
-    monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "1")
+    # m = 12 (two token groups, packed: K3, where split pairs stop at one group), default
+    # (EXL3_JAX_PAIR_FRAGMENTS unset: "pairs"): the input transform's "pairs" words reach the
+    # kernel (emulated), the result is the reference's; EXL3_JAX_PAIR_FRAGMENTS=0: rows.
+    monkeypatch.delenv(tg.PAIR_FRAGMENTS_ENV, raising=False)
     ws = _members_against_reference(rng, 12, members, 3, "mcg")
     cfg = emulated_kernels[-1][1]
     assert cfg.pair_fragments and cfg.x_layout == "pairs" and cfg.m_groups == 2
@@ -1269,10 +1269,10 @@ def test_sass_checks_catch_breaches():
 
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-def test_compile_only_pair_fragment_kernels(arch, monkeypatch):
-    # EXL3_JAX_PAIR_FRAGMENTS=1: packed kernels of 2+ token groups read the "pairs" layout
-    # (single linear and group; mcg and mul1).
-    monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "1")
+def test_compile_only_row_pair_kernels(arch, monkeypatch):
+    # EXL3_JAX_PAIR_FRAGMENTS=0: packed kernels of 2+ token groups read row-major pairs (the
+    # opt-out of the default "pairs" layout; single linear and group; mcg and mul1).
+    monkeypatch.setenv(tg.PAIR_FRAGMENTS_ENV, "0")
     cases = [("mcg", 4, 12, "decode", 1024, 512), ("mul1", 3, 30, "decode", 512, 512,
                                                    (256, 128, 128))]
     for row in check_rows("exl3_jax.ffi.aot", cases, arch):

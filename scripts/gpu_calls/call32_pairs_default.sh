@@ -1,0 +1,17 @@
+# Call 32 (~3 min): packed kernels of 2+ token groups read "pairs" by default since call 31
+# (m = 16: mul1 K4 -12 / -15%, K3 -5 / -6%, mcg K3 -1 / 0%). The default on the hardware:
+# gpu_validate gemm decode rows (4096x4096, m 9 / 16 / 24 / 32) and the group section (k 4096:
+# members (4096, 1024, 1024) and (4096, 4096), m 1 / 3 / 16 / 32), then m = 24 (three token
+# groups, 2-step chunks), pairs (default) against rows (EXL3_JAX_PAIR_FRAGMENTS=0); prediction:
+# as m = 16, mul1 K4 -10 to -15%.
+CALL=call32
+timeout 90 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm --kinds decode --m 9,16,24,32 --k 4096 --n 4096 --budget-s 70 --out $RES/32_validate.json > $RES/32_validate.log 2>&1
+t "validate rc=$?"; grep SUMMARY $RES/32_validate.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/32_validate.log | head -4 | cut -c1-300; save
+timeout 80 python3 scripts/gpu_validate.py --quick --no-bench --group --sections group --k 4096 --n 4096 --budget-s 60 --out $RES/32_group.json > $RES/32_group.log 2>&1
+t "validate group rc=$?"; grep -E "SUMMARY|\[group\]" $RES/32_group.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/32_group.log | head -4 | cut -c1-300; save
+EXL3_JAX_PLAN=decode timeout 120 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_PAIR_FRAGMENTS --values '|0||0' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mul1,mcg --m 24 --out $RES/32_pairs_m24.json > $RES/32_pairs_m24.log 2>&1
+t "ab pairs m24 rc=$?"; grep '^{' $RES/32_pairs_m24.log | python3 -c "
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(r['k'],r['n'],r['K'],r['codebook'],r['m'],repr(r['EXL3_JAX_PAIR_FRAGMENTS']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+t done
