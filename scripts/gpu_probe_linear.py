@@ -22,12 +22,11 @@ import numpy as np
 
 from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
-from exl3_jax.ops.plans import select_plan
 
 
 def run_kernel(a) -> int:
     w = gb.random_weight(a.k, a.n, a.K, a.codebook)
-    plan = select_plan(a.m, a.k, a.n)
+    plan = tg.plan_for(a.m, w)      # the production plan on this device (arch, codebook)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((a.m, a.k)), jnp.bfloat16)
     cfg = tg._mma_config(w, plan)
     xw, _ = tg.decode_input_words(x, w.suh, cfg)

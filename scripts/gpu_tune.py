@@ -43,7 +43,7 @@ def us(fn, args, m, k, n):
 
 def decode_rows(k, n, cb, K, m, deadline):
     w = gb.random_weight(k, n, K, cb)
-    base = select_plan(m, k, n)
+    base = tg.plan_for(m, w)        # the production plan on this device (arch, codebook)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
     row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(base)}
     row["full_cute"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w), (x, w), m, k, n)
