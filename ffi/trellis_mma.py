@@ -144,8 +144,8 @@ class MmaTiling(KSplitShape):
         MoE kernel overrides it: always rows), or with ``pair_fragments`` and 2+ token groups
         packed pairs in B-fragment order ("pairs"). Measured on the H200 (session 12): packed
         pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
-        8192x28672 K3 mul1 m=1 18% slower; with 2+ token groups (m = 9..32) they were not
-        measured, and there row-major loads touch 8 lines per warp load."""
+        8192x28672 K3 mul1 m=1 18% slower; with 2+ token groups, where row-major loads touch
+        8 lines per warp load, "pairs" ran 0-15% faster (m = 16, H100, session 26)."""
         if not self.split_pairs:
             return "pairs" if self.pair_fragments and self.m_groups > 1 else "rows"
         return "token" if self.one_token else "fragments"
@@ -204,8 +204,8 @@ class MmaConfig(MmaTiling):
     # trellis_gemm._split_groups picks it by codebook and K, EXL3_JAX_SPLIT_GROUPS overrides).
     split_groups: int = 1
     # Chunk slots of each warp's cp.async ring in shared memory (ring_k_loop; 0: every lane
-    # loads its words straight from global memory, dense_k_loop). Split pairs with B
-    # fragments in fragment order ("token", "fragments").
+    # loads its words straight from global memory, dense_k_loop). B words in a fragment order
+    # ("token", "fragments", "pairs"), not row-major pairs.
     ring: int = 0
 
     @property
@@ -233,8 +233,9 @@ class MmaConfig(MmaTiling):
     @property
     def x_step_words(self) -> int:
         """Activation words per k16 step and token group in the ring's layouts: one token's 4
-        lanes x 4 registers ("token") or 32 lanes x 4 ("fragments")."""
-        return 4 * B_REGS if self.x_layout == "token" else LANES * B_REGS
+        lanes x 4 registers ("token"), 32 lanes x 4 ("fragments") or x 2 ("pairs")."""
+        return {"token": 4 * B_REGS, "pairs": LANES * P_REGS}.get(self.x_layout,
+                                                                  LANES * B_REGS)
 
     @property
     def ring_weight_words(self) -> int:
@@ -249,8 +250,9 @@ class MmaConfig(MmaTiling):
 
     @property
     def ring_layout_ok(self) -> bool:
-        """Whether ring_k_loop serves this kernel: split pairs in fragment order."""
-        return self.x_layout in ("token", "fragments")
+        """Whether ring_k_loop serves this kernel: B words in a fragment order, each token
+        group's steps contiguous (not row-major pairs)."""
+        return self.x_layout in ("token", "fragments", "pairs")
 
     @property
     def ring_words(self) -> int:
@@ -270,7 +272,7 @@ class MmaConfig(MmaTiling):
         self.check_tiling()
         if self.ring:
             if self.ring < 2 or not self.ring_layout_ok:
-                raise ValueError(f"a cp.async ring needs >= 2 slots and split pairs in "
+                raise ValueError(f"a cp.async ring needs >= 2 slots and B words in a "
                                  f"fragment order, got ring={self.ring}, layout "
                                  f"{self.x_layout!r}")
             if self.ring_bytes > RING_SMEM_BYTES:
@@ -601,18 +603,24 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     """(wbuf, bfrag) of the chunk in the ring slot at word slot_word of ``ring`` (the shared
     buffer), as load_chunk returns them: each tile's words by ``load_tile_words``' funnels,
     each step's B registers one 16-byte shared load (lane t % 4's of one token, or the lane's
-    own of the token group's fragment block)."""
+    own of the token group's fragment block), or with "pairs" two 32-bit loads (register i
+    of the step's block at word 32 i + lane)."""
     wbuf = [load_tile_words(ring, slot_word + t * geo.words, funnels, geo)
             for t in range(cfg.unroll * cfg.n_tiles)]
-    lane_word = (lane % 4 if cfg.x_layout == "token" else lane) * B_REGS
-    x_word = slot_word + cfg.ring_weight_words + lane_word
+    x_word = slot_word + cfg.ring_weight_words
+    per = _x_words_per_group(cfg)
     words = []
     for g in range(cfg.m_groups):
         for u in range(cfg.unroll):
-            words += load_shared_words_v4(ring, x_word, (g * cfg.unroll + u) * cfg.x_step_words)
+            step = x_word + (g * cfg.unroll + u) * cfg.x_step_words
+            if cfg.x_layout == "pairs":
+                words += [Uint32(ring[step + LANES * i + lane]) for i in range(P_REGS)]
+            else:
+                lane_word = (lane % 4 if cfg.x_layout == "token" else lane) * B_REGS
+                words += load_shared_words_v4(ring, step + lane_word)
     # fragments_of_words takes the words step-major with the groups inside each step
-    order = [(g * cfg.unroll + u) * B_REGS + r for u in range(cfg.unroll)
-             for g in range(cfg.m_groups) for r in range(B_REGS)]
+    order = [(g * cfg.unroll + u) * per + r for u in range(cfg.unroll)
+             for g in range(cfg.m_groups) for r in range(per)]
     return wbuf, fragments_of_words([words[i] for i in order], cfg)
 
 
@@ -621,6 +629,8 @@ def x_block_word(m0, kt0, cfg):
     member's row segment starts at kt0 = i * k16)."""
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16)
+    if cfg.x_layout == "pairs":
+        return pair_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)
     return b_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)
 
 

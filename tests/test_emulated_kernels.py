@@ -194,15 +194,17 @@ for cb, K, k, n, m, ring, unroll, splits, *members in json.loads(sys.argv[2]):
 # linear groups (members' n last: one launch, each member's tiles and activation segment).
 # Ring slots 0: the direct loads alone (checked against the reference only) in the m = 16
 # plan's 8-step chunks, which the dispatch cases' small shapes never reach (split pairs for
-# mcg K4, packed pairs for mul1). The last row: mul1's production ring for 2-8 tokens past
-# 2^26 weights (plans.decode_plan; 8 tokens' B fragments halve its 8-step chunks to 4).
+# mcg K4, packed pairs for mul1). Then mul1's production ring for 2-8 tokens past 2^26
+# weights (plans.decode_plan; 8 tokens' B fragments halve its 8-step chunks to 4), and packed
+# pairs through the ring (the "pairs" layout: 2 and 3 token groups, 3 of them with padded rows).
 RING_CASES = [("mcg", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 4, 1024, 256, 1, 2, 4, 1),
               ("3inst", 3, 512, 256, 1, 3, 1, 1), ("mcg", 3, 1024, 256, 5, 3, 2, 1),
               ("mul1", 2.5, 512, 256, 1, 4, 1, 4), ("mul1", 3.5, 256, 256, 1, 3, 1, 1),
               ("mcg", 4, 512, 256, 16, 2, 1, 1), ("mcg", 4, 512, 512, 1, 3, 2, 1, 256, 128, 128),
               ("mul1", 4, 512, 512, 5, 2, 1, 1, 256, 256),
               ("mcg", 4, 1024, 256, 16, 0, 8, 1), ("mul1", 3, 1024, 256, 16, 0, 8, 1),
-              ("mul1", 3, 1024, 256, 6, 3, 4, 1)]
+              ("mul1", 3, 1024, 256, 6, 3, 4, 1),
+              ("mul1", 4, 1024, 256, 16, 3, 2, 1), ("mcg", 3, 512, 256, 20, 2, 1, 1)]
 
 
 @needs_cutlass
@@ -214,7 +216,7 @@ def test_decode_ring_equals_direct_loads(rng, arch):
                      env={"EXL3_JAX_ROW_LINEAR": "0"})
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases)
-    assert {r["layout"] for r in rows if r["case"][5]} == ({"token", "fragments"}
+    assert {r["layout"] for r in rows if r["case"][5]} == ({"token", "fragments", "pairs"}
                                                           if arch == "sm_90a" else {"token"})
     assert {r["chunks"] for r in rows} >= ({1, 2, 4} if arch == "sm_90a" else {2, 4}), rows
     for row in rows:

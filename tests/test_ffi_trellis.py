@@ -1058,6 +1058,20 @@ def test_group_config_checks():
         MmaConfig(**base, members=(496, 16)).validate()
 
 
+def test_ring_config_layouts():
+    # The cp.async ring takes B words in a fragment order ("fragments", "pairs", "token"), whose
+    # k16 steps are contiguous per token group; row-major pairs are refused by name.
+    from exl3_jax.ffi.trellis_mma import MmaConfig
+    from exl3_jax.ffi.trellis_geometry import LANES, P_REGS, lane_geometry
+    base = dict(codebook="mul1", K=3, m_blocks=1, k=1024, n=256, m_tile=16, unroll=2, ring=3)
+    pairs = MmaConfig(**base, pair_fragments=True).validate()
+    assert pairs.x_layout == "pairs" and pairs.x_step_words == LANES * P_REGS
+    assert pairs.ring_slot_words == (pairs.unroll * pairs.n_tiles * lane_geometry(3).words
+                                     + 2 * pairs.unroll * LANES * P_REGS)
+    with pytest.raises(ValueError, match="fragment order, got ring=3, layout 'rows'"):
+        MmaConfig(**base).validate()
+
+
 def test_trellis_words_is_the_spec_pairing(rng):
     t = rng.integers(-32768, 32768, size=(2, 3, 48), dtype=np.int64).astype(np.int16)
     u = t.view(np.uint16).astype(np.uint32)
