@@ -47,6 +47,12 @@ Environment:
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth]]]
                                               the wgmma plan's tiling (a tuning aid).
+  EXL3_JAX_DECODE_RING = off | R,unroll,splits[,min_ctas]
+                                              the decode plan's loads through a cp.async ring
+                                              of R slots (0: direct loads; see DECODE_RING_ENV);
+                                              off: direct loads everywhere (a tuning aid).
+  EXL3_JAX_PREFILL_FOLD = 1 | 0               force the prefill plan's fold_rotations (default:
+                                              by m, plans.PREFILL_FOLD_MIN_M).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
