@@ -607,17 +607,18 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     of the step's block at word 32 i + lane)."""
     wbuf = [load_tile_words(ring, slot_word + t * geo.words, funnels, geo)
             for t in range(cfg.unroll * cfg.n_tiles)]
-    x_word = slot_word + cfg.ring_weight_words
+    lane_word = lane if cfg.x_layout == "pairs" else (
+        (lane % 4 if cfg.x_layout == "token" else lane) * B_REGS)
+    x_word = slot_word + cfg.ring_weight_words + lane_word
     per = _x_words_per_group(cfg)
     words = []
     for g in range(cfg.m_groups):
         for u in range(cfg.unroll):
-            step = x_word + (g * cfg.unroll + u) * cfg.x_step_words
+            step = (g * cfg.unroll + u) * cfg.x_step_words      # a compile-time offset
             if cfg.x_layout == "pairs":
-                words += [Uint32(ring[step + LANES * i + lane]) for i in range(P_REGS)]
+                words += [Uint32(ring[x_word + step + LANES * i]) for i in range(P_REGS)]
             else:
-                lane_word = (lane % 4 if cfg.x_layout == "token" else lane) * B_REGS
-                words += load_shared_words_v4(ring, step + lane_word)
+                words += load_shared_words_v4(ring, x_word, step)
     # fragments_of_words takes the words step-major with the groups inside each step
     order = [(g * cfg.unroll + u) * per + r for u in range(cfg.unroll)
              for g in range(cfg.m_groups) for r in range(per)]
