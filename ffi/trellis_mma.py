@@ -127,10 +127,10 @@ class MmaTiling(KSplitShape):
         ``mul1_split``) drops the PRMT and the HFMA2 per weight pair for the affine epilogue
         (mul1_affine: one more MMA per k16 step and token group sums the group's x; 2+ groups
         only where EXL3_JAX_SPLIT_GROUPS says: slower at m = 16, session 26). With 2 token
-        groups split pairs measured +20% at m=16 (session 11, before the leaner decodes); with today's decodes 3
-        groups ran 9-12% faster than packed pairs at K4 m = 16 and tied at K3 (session 23,
-        H100; K4 mcg per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so 3inst / mcg at K4
-        take them up to 3 groups (trellis_gemm.SPLIT_GROUPS_BY_K)."""
+        groups split pairs measured +20% at m=16 (session 11, before the leaner decodes);
+        with today's decodes 3 groups ran 9-12% faster than packed pairs at K4 m = 16 and tied
+        at K3 (session 23, H100; K4 mcg per 4 tiles: 92 -> 60 ALU ops, 60 -> 72 registers), so
+        3inst / mcg at K4 take them up to 3 groups (trellis_gemm.SPLIT_GROUPS_BY_K)."""
         groups = self.m_groups <= max(1, self.split_groups)
         if self.codebook in LOP3_CODEBOOKS:
             return groups
@@ -607,8 +607,12 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     of the step's block at word 32 i + lane)."""
     wbuf = [load_tile_words(ring, slot_word + t * geo.words, funnels, geo)
             for t in range(cfg.unroll * cfg.n_tiles)]
-    lane_word = lane if cfg.x_layout == "pairs" else (
-        (lane % 4 if cfg.x_layout == "token" else lane) * B_REGS)
+    if cfg.x_layout == "pairs":
+        lane_word = lane
+    elif cfg.x_layout == "token":
+        lane_word = (lane % 4) * B_REGS
+    else:
+        lane_word = lane * B_REGS
     x_word = slot_word + cfg.ring_weight_words + lane_word
     per = _x_words_per_group(cfg)
     words = []

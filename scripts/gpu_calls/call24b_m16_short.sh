@@ -3,10 +3,7 @@
 # decode rows of the hardware validation at 4096x4096 (m = 16: 8-step chunks), m 9 / 16 / 24.
 CALL=call24b
 EXL3_JAX_PLAN=decode timeout 100 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values '|0,2,0' --shapes 14336x4096,4096x4096,2048x768 --K 4,3 --codebooks mcg,mul1 --m 16 --out $RES/24_m16.json > $RES/24_m16.log 2>&1
-t "ab m16 rc=$?"; grep '^{' $RES/24_m16.log | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['k'],r['n'],r['K'],r['codebook'],r['m'],repr(r['EXL3_JAX_DECODE_RING']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+t "ab m16 rc=$?"; ab_rows $RES/24_m16.log EXL3_JAX_DECODE_RING; save
 timeout 80 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm --kinds decode --m 9,16,24 --k 4096 --n 4096 --budget-s 60 --out $RES/24_validate.json > $RES/24_validate.log 2>&1
 t "validate rc=$?"; grep SUMMARY $RES/24_validate.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/24_validate.log | head -4 | cut -c1-300; save
 t done

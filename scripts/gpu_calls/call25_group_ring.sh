@@ -7,10 +7,7 @@
 # (both codebooks); else the group plan takes direct loads (decode_plan(..., ring=False)).
 CALL=call25
 EXL3_JAX_PLAN=decode timeout 150 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values '|off||off' --shapes 4096x14336+14336,8192x28672+28672 --K 4,3 --codebooks mcg,mul1 --m 1 --out $RES/25_group_ring.json > $RES/25_group_ring.log 2>&1
-t "ab group ring rc=$?"; grep '^{' $RES/25_group_ring.log | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['k'],r['members'],r['K'],r['codebook'],repr(r['EXL3_JAX_DECODE_RING']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+t "ab group ring rc=$?"; ab_rows $RES/25_group_ring.log EXL3_JAX_DECODE_RING; save
 # mul1 split pairs over 2 token groups (m = 16; EXL3_JAX_SPLIT_GROUPS=2, new in session 25: the
 # affine epilogue sums each group's x) against packed pairs (the default). mcg K4 gained 9-12%
 # from split pairs at m = 16 (session 23); mul1 drops a PRMT and an HFMA2 per weight pair for

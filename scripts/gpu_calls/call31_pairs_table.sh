@@ -3,10 +3,7 @@
 # H200 if one is given, the issues' targets being H200 numbers).
 CALL=call31
 EXL3_JAX_PLAN=decode timeout 150 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_PAIR_FRAGMENTS --values '|1||1' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mul1,mcg --m 16 --out $RES/31_pairs.json > $RES/31_pairs.log 2>&1
-t "ab pairs rc=$?"; grep '^{' $RES/31_pairs.log | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['k'],r['n'],r['K'],r['codebook'],r['m'],repr(r['EXL3_JAX_PAIR_FRAGMENTS']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+t "ab pairs rc=$?"; ab_rows $RES/31_pairs.log EXL3_JAX_PAIR_FRAGMENTS; save
 EXL3_JAX_PAIR_FRAGMENTS=1 timeout 80 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm --kinds decode --m 9,16,24 --k 4096 --n 4096 --budget-s 60 --out $RES/31_validate_pairs.json > $RES/31_validate_pairs.log 2>&1
 t "validate pairs rc=$?"; grep SUMMARY $RES/31_validate_pairs.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/31_validate_pairs.log | head -4 | cut -c1-300; save
 timeout 220 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16,32,128,1024,4096 --out $RES/31_linear.json > $RES/31_linear.log 2>&1

@@ -16,9 +16,6 @@ t "validate rc=$?"; grep SUMMARY $RES/32_validate.log | cut -c1-300; grep -i "FA
 timeout 80 python3 scripts/gpu_validate.py --quick --no-bench --group --sections group --k 4096 --n 4096 --budget-s 60 --out $RES/32_group.json > $RES/32_group.log 2>&1
 t "validate group rc=$?"; grep -E "SUMMARY|\[group\]" $RES/32_group.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/32_group.log | head -4 | cut -c1-300; save
 EXL3_JAX_PLAN=decode timeout 120 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_PAIR_FRAGMENTS --values '|0||0' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mul1,mcg --m 24 --out $RES/32_pairs_m24.json > $RES/32_pairs_m24.log 2>&1
-t "ab pairs m24 rc=$?"; grep '^{' $RES/32_pairs_m24.log | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['k'],r['n'],r['K'],r['codebook'],r['m'],repr(r['EXL3_JAX_PAIR_FRAGMENTS']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+t "ab pairs m24 rc=$?"; ab_rows $RES/32_pairs_m24.log EXL3_JAX_PAIR_FRAGMENTS; save
 ab_ring 32_ring_m16 16 8192x28672,4096x28672 '|3,8,1|3,2,4|'
 t done

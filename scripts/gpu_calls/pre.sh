@@ -60,13 +60,18 @@ ab_split_groups() {
     EXL3_JAX_PLAN=decode timeout 80 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_SPLIT_GROUPS --values '1|3|1|3' --shapes 8192x28672,4096x14336 --K 4,3 --codebooks mcg --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
     t "ab split groups m=$2 rc=$?"; grep '^{' $RES/$1.log | cut -c1-220; save
 }
+# `ab_rows LOG ENV`: one line per gpu_linear_ab.py row of LOG (k, members, K, codebook, m, the
+# value of ENV, us or the error, x bf16).
+ab_rows() {
+  grep '^{' $1 | python3 -c "
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(r['k'],r['members'],r['K'],r['codebook'],r['m'],repr(r['$2']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"
+}
 # `ab_ring TAG M SHAPES VALUES`: decode plans at m = M (a list: 4,8) with EXL3_JAX_DECODE_RING
 # set to each of VALUES ('|0,2,0|': default, then 2-step chunks, ...), K 4 and 3, mcg and mul1;
 # one row per value printed, results $RES/TAG.{json,log}.
 ab_ring() {
   EXL3_JAX_PLAN=decode timeout 200 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values "$4" --shapes $3 --K 4,3 --codebooks mcg,mul1 --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
-  t "ab $1 rc=$?"; grep '^{' $RES/$1.log | python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['k'],r['n'],r['K'],r['codebook'],r['m'],repr(r['EXL3_JAX_DECODE_RING']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"; save
+  t "ab $1 rc=$?"; ab_rows $RES/$1.log EXL3_JAX_DECODE_RING; save
 }
