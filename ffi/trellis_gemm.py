@@ -47,10 +47,11 @@ Environment:
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth]]]
                                               the wgmma plan's tiling (a tuning aid).
-  EXL3_JAX_DECODE_RING = off | R,unroll,splits[,min_ctas]
+  EXL3_JAX_DECODE_RING = off | R,unroll,splits[,min_ctas[,warps]]
                                               the decode plan's loads through a cp.async ring
-                                              of R slots (0: direct loads; see DECODE_RING_ENV);
-                                              off: direct loads everywhere (a tuning aid).
+                                              of R slots (0: direct loads; see DECODE_RING_ENV),
+                                              0 = the plan's value for the others; off: direct
+                                              loads everywhere (a tuning aid).
   EXL3_JAX_PREFILL_FOLD = 1 | 0               force the prefill plan's fold_rotations (default:
                                               by m, plans.PREFILL_FOLD_MIN_M).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
@@ -168,15 +169,16 @@ def plan_for_shape(m: int, k: int, n: int, force: str | None = None, *,
         plan = decode_plan(m, k, n, sms=device_sms(), ring=False)
     elif plan.kind == "decode" and ring:
         try:
-            slots, unroll, splits, *cap = (int(v) for v in ring.split(","))
-            if len(cap) > 1:
+            slots, unroll, splits, *more = (int(v) for v in ring.split(","))
+            if len(more) > 2:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"{DECODE_RING_ENV} must be 'slots,unroll,splits[,min_ctas]', "
-                             f"got {ring!r}") from None
+            raise ValueError(f"{DECODE_RING_ENV} must be 'slots,unroll,splits[,min_ctas"
+                             f"[,warps]]', got {ring!r}") from None
+        cap, warps = (more + [0, 0])[:2]
         plan = dataclasses.replace(plan, ring=slots, unroll=unroll or plan.unroll,
-                                   splits=splits or plan.splits,
-                                   min_ctas=cap[0] if cap and cap[0] else plan.min_ctas)
+                                   splits=splits or plan.splits, min_ctas=cap or plan.min_ctas,
+                                   warps=warps or plan.warps)
     fold = os.environ.get(PREFILL_FOLD_ENV, "")
     if plan.kind == "prefill" and fold:
         if fold not in ("0", "1"):

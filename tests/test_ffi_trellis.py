@@ -328,9 +328,12 @@ def test_plan_forcing_and_errors(monkeypatch):
     auto = plans.select_plan(1, 256, 256)
     assert tg.plan_for(1, w) == dataclasses.replace(auto, ring=3, unroll=2, min_ctas=6)
     assert tg.plan_for(64, w).ring == 0                  # other plan kinds keep theirs
-    monkeypatch.setenv(tg.DECODE_RING_ENV, "3,2")
-    with pytest.raises(ValueError, match="slots,unroll,splits"):
-        tg.plan_for(1, w)
+    monkeypatch.setenv(tg.DECODE_RING_ENV, "2,0,0,0,4")                # ... and warps
+    assert tg.plan_for(1, w) == dataclasses.replace(auto, ring=2, warps=4)
+    for bad in ("3,2", "3,2,0,6,4,1"):
+        monkeypatch.setenv(tg.DECODE_RING_ENV, bad)
+        with pytest.raises(ValueError, match="slots,unroll,splits"):
+            tg.plan_for(1, w)
     # "off": one token past the row linear's size plans direct loads, as before the ring
     monkeypatch.setenv(tg.DECODE_RING_ENV, "off")
     big = (1, 8192, 8320)
