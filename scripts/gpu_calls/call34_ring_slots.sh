@@ -11,6 +11,5 @@
 # the second chunk in flight mattered; 3,8,1,0,4 -5 to -12% at 8192x28672 (the tail gone,
 # 7 x 4 = 28 warps per SM), 4096x28672 (896 CTAs of 4 chunks per warp, 8 with 4 warps) alike.
 CALL=call34
-EXL3_JAX_PLAN=decode timeout 280 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values '|2,8,1,4|3,8,1,0,4||3,8,1,0,4|2,8,1,4' --shapes 8192x28672,4096x28672 --K 4,3 --codebooks mcg,mul1 --m 1 --out $RES/34_ring_m1.json > $RES/34_ring_m1.log 2>&1
-t "ab 34_ring_m1 rc=$?"; ab_rows $RES/34_ring_m1.log EXL3_JAX_DECODE_RING; save
+ab_ring 34_ring_m1 1 8192x28672,4096x28672 '|2,8,1,4|3,8,1,0,4||3,8,1,0,4|2,8,1,4' 280
 t done

@@ -3,8 +3,7 @@
 # then the hardware check of the packed kernels' "pairs" default (call 32's first step:
 # gpu_validate gemm decode rows at 4096x4096, m 9 / 16 / 24 / 32, poisoned outputs).
 CALL=call35
-timeout 100 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/35_moe.json > $RES/35_moe.log 2>&1
-t "bench moe rc=$?"; grep -v -i warn $RES/35_moe.log | tail -6 | cut -c1-170; save
+bench_moe here 35_moe 100
 timeout 90 python3 scripts/gpu_validate.py --quick --no-bench --sections gemm --kinds decode --m 9,16,24,32 --k 4096 --n 4096 --budget-s 70 --out $RES/35_validate.json > $RES/35_validate.log 2>&1
 t "validate rc=$?"; grep SUMMARY $RES/35_validate.log | cut -c1-300; grep -i "FAIL\|Traceback" $RES/35_validate.log | head -4 | cut -c1-300; save
 t done

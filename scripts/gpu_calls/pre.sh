@@ -68,10 +68,11 @@ import json,sys
 for l in sys.stdin:
     r=json.loads(l); print(r['k'],r['members'],r['K'],r['codebook'],r['m'],repr(r['$2']),r.get('us',r.get('error','')[:80]),r.get('x_bf16',''))"
 }
-# `ab_ring TAG M SHAPES VALUES`: decode plans at m = M (a list: 4,8) with EXL3_JAX_DECODE_RING
-# set to each of VALUES ('|0,2,0|': default, then 2-step chunks, ...), K 4 and 3, mcg and mul1;
-# one row per value printed, results $RES/TAG.{json,log}.
+# `ab_ring TAG M SHAPES VALUES [SECONDS]`: decode plans at m = M (a list: 4,8) with
+# EXL3_JAX_DECODE_RING set to each of VALUES ('|0,2,0|': default, then 2-step chunks, ...), K 4
+# and 3, mcg and mul1, within SECONDS (default 200); one row per value printed, results
+# $RES/TAG.{json,log}.
 ab_ring() {
-  EXL3_JAX_PLAN=decode timeout 200 python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values "$4" --shapes $3 --K 4,3 --codebooks mcg,mul1 --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
+  EXL3_JAX_PLAN=decode timeout ${5:-200} python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values "$4" --shapes $3 --K 4,3 --codebooks mcg,mul1 --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
   t "ab $1 rc=$?"; ab_rows $RES/$1.log EXL3_JAX_DECODE_RING; save
 }
