@@ -40,10 +40,24 @@ class FoldedState(NamedTuple):
     high: object
 
 
+class DupState(NamedTuple):
+    """The state in both halves of ``word`` (word = state * 65537, one byte permute of two
+    source words, no mask): word * (a * 65537^-1 mod 2^32) = state * a mod 2^32, so the
+    codebook multiply takes it with another constant (65537 is odd, hence invertible)."""
+    word: object
+
+
+_INV_65537 = pow(65537, -1, 2**32)
+
+
 def _product(codebook: str, dst: str, operands: list) -> str:
-    """PTX for dst = state * a (+ b) of one state whose registers are operands ($i names)."""
+    """PTX for dst = state * a (+ b) of one state whose registers are operands ($i names;
+    ("dup", name) for a DupState)."""
     a = {"mcg": MCG_MULTIPLIER, "3inst": THREEINST_MULTIPLIER, "mul1": MUL1_MULTIPLIER}[codebook]
     b = THREEINST_ADDEND if codebook == "3inst" else 0
+    if operands[0] == "dup":
+        operands = operands[1:]
+        a = a * _INV_65537 % 2**32
     if len(operands) == 1:
         op = f"mad.lo.u32 {dst}, {operands[0]}, {a}, {b}" if b else \
             f"mul.lo.u32 {dst}, {operands[0]}, {a}"
@@ -57,8 +71,9 @@ def _state_operands(states, loc, ip):
     """(ir values, PTX operand names per state) of a list of states (plain or FoldedState)."""
     values, names = [], []
     for st in states:
-        parts = list(st) if isinstance(st, FoldedState) else [st]
-        names.append([f"${1 + len(values) + i}" for i in range(len(parts))])
+        parts = list(st) if isinstance(st, (FoldedState, DupState)) else [st]
+        tag = ["dup"] if isinstance(st, DupState) else []
+        names.append(tag + [f"${1 + len(values) + i}" for i in range(len(parts))])
         values += [Uint32(v).ir_value(loc=loc, ip=ip) for v in parts]
     return values, names
 
@@ -126,22 +141,82 @@ def decode_halves(state, codebook: str, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
-def mma_m16n8k16_f16_f32(a, b, c, *, loc=None, ip=None):
-    """D = A(16x16 f16, 4 regs) @ B(16x8 f16, 2 regs) + C (4 f32), warp-wide mma.sync."""
-    operands = ([Uint32(v).ir_value(loc=loc, ip=ip) for v in a]
-                + [Uint32(v).ir_value(loc=loc, ip=ip) for v in b]
-                + [Float32(v).ir_value(loc=loc, ip=ip) for v in c])
+def codebook_product(state, codebook: str, *, loc=None, ip=None) -> Uint32:
+    """The codebook's multiply alone, state * a (+ b) mod 2^32 (a plain or folded state): the
+    word whose bytes the mul1 byte-sum MMA adds (mul1_bytesum_operand)."""
+    values, (names,) = _state_operands([state], loc, ip)
+    body = "{\n.reg .b32 x;\n" + _product(codebook, "x", names) + "    mov.b32 $0, x;\n}"
+    return _asm_u32(values, body, loc, ip)
+
+
+def _mma_sync(shape_types: str, a, b, c, acc, loc, ip):
+    """D = A (4 regs) @ B (2 regs) + C (4 regs of ``acc``: Float32, or Uint32 for s32), one
+    warp-wide mma.sync.aligned.<shape_types>."""
+    ir_t, con = (T.f32(), "f") if acc is Float32 else (T.i32(), "r")
+    operands = ([Uint32(v).ir_value(loc=loc, ip=ip) for v in [*a, *b]]
+                + [acc(v).ir_value(loc=loc, ip=ip) for v in c])
     res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * 4),
+        llvm.StructType.get_literal([ir_t] * 4),
         operands,
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        f"mma.sync.aligned.{shape_types} "
         "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+        ",".join([f"={con}"] * 4 + ["r"] * 6 + [con] * 4),
         has_side_effects=False,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    return [acc(llvm.extractvalue(ir_t, res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def imma_m16n8k32_u8(a, b, c, *, loc=None, ip=None):
+    """D = A(16x32 u8, 4 regs) @ B(32x8 u8, 2 regs) + C (4 s32), warp-wide mma.sync: lane 4g + t
+    holds A rows g (regs 0, 2) and g + 8 (regs 1, 3) at k bytes 4t.. (regs 0, 1) and 16 + 4t..
+    (regs 2, 3), B column g at the same k bytes, D as the f32 MMA's (rows g, g + 8, columns
+    2t, 2t + 1)."""
+    return _mma_sync("m16n8k32.row.col.s32.u8.u8.s32", a, b, c, Uint32, loc, ip)
+
+
+# mul1 by a byte-sum MMA (MmaTiling.mul1_bytesum): a lane's 8 products x_e (codebook_product)
+# go to two u8 MMAs as A rows of 4 bytes, against B = "k-quad q -> column q" ones, so D[row, q]
+# = 0x6400 + bytesum, the fp16 bits of h = 1024 + bytesum (exact: bytesum <= 1020). Elements
+# (0, 4, 2, 6) take the first MMA's registers (A rows g, g + 8, g, g + 8: the rows of the f16
+# A registers A_OPERAND_PAIRS puts them in), (1, 5, 3, 7) the second's, so D1 column q holds
+# input row 2q and D2 column q input row 2q + 1 (of the 16x16 tile, as the f16 MMA's A columns).
+# A lane then holds input rows 4t .. 4t + 3 of its rows g, g + 8: packed in that order into the
+# f16 A registers (PRMT of the two D's low halves), the f16 MMA needs B rows 2t, 2t + 1, 2t + 8,
+# 2t + 9 = x rows 4t .. 4t + 3, i.e. B register pair = row-major words 2t, 2t + 1 of x (layout
+# "quads"). Per 8 weights: 8 IMAD, 2 IMMA, 4 PRMT and 1 f16 MMA per token group, against 8 IMAD,
+# 8 IDP and 2 MMAs per group of the split pairs.
+BYTESUM_ELEMENTS = ((0, 4, 2, 6), (1, 5, 3, 7))
+_F16_1024 = 0x6400
+
+
+def bytesum_ones(lane):
+    """The byte-sum MMA's B registers for ``lane`` (4g + t: column g, k bytes 4t.. and 16 +
+    4t..): 1 in every byte of k-quad q = column g, so reg 0 is ones where t == g and reg 1
+    where t + 4 == g. Computed once per kernel."""
+    g, t = lane // 4, lane % 4
+    ones = Uint32(0x01010101)
+    return [cutlass.select_(t == g, ones, Uint32(0)),
+            cutlass.select_(t + 4 == g, ones, Uint32(0))]
+
+
+def mul1_bytesum_operand(states, ones):
+    """The f16 A registers (A_OPERAND_PAIRS order) of one tile's 8 mul1 states: h = 1024 +
+    bytesum of each product, exact fp16 integers (the MMA multiplies h; mul1_affine applies
+    k_inv and the codebook's bias), input rows permuted as BYTESUM_ELEMENTS describes."""
+    prods = [codebook_product(s, "mul1") for s in states]
+    init = [Uint32(_F16_1024)] * 4
+    d1, d2 = (imma_m16n8k32_u8([prods[e] for e in elems], ones, init)
+              for elems in BYTESUM_ELEMENTS)
+    return [permute_bytes(d1[r], d2[r], 0x5410) for r in (0, 2, 1, 3)]
+
+
+@dsl_user_op
+def mma_m16n8k16_f16_f32(a, b, c, *, loc=None, ip=None):
+    """D = A(16x16 f16, 4 regs) @ B(16x8 f16, 2 regs) + C (4 f32), warp-wide mma.sync."""
+    return _mma_sync("m16n8k16.row.col.f32.f16.f16.f32", a, b, c, Float32, loc, ip)
 
 
 def lane_funnels(geo: LaneGeometry, lane):
@@ -266,6 +341,22 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False,
                 else:
                     states.append(Uint32(merged >> Uint64(sh0 - off)) & Uint32(0xFFFF))
             continue
+        nplan = geo.nibble_plan(gi) if fma_pipe else None
+        if nplan is not None:     # K = 4 on both pipes: two base words, one op per state
+            lo32 = Uint32(lo)
+            base = {"lo": lo32, "left4": times_power_of_two(lo32, 4),
+                    "mid12": Uint32(merged >> Uint64(12))}
+            highs = {b: high_half(base[b]) for b, op in nplan if op == "high"}
+            for b, op in nplan:
+                if op == "high":
+                    states.append(highs[b])
+                elif op == "byte":
+                    states.append(byte_window(base[b]))
+                elif op == "fold":
+                    states.append(FoldedState(base[b], highs[b]))
+                else:             # "dup": funnel bytes 3, 4 in both halves
+                    states.append(DupState(permute_bytes(lo32, hi, 0x4343)))
+            continue
         # Compile-time shifts (K = 4, 8): a few 32-bit base words, one instruction per state.
         bases, parts = plan
         base = {b: Uint32(lo) if b == 0 else Uint32(merged >> Uint64(b)) for b in bases}
@@ -318,20 +409,27 @@ def load_words_v4(words, index, offset: int = 0):
 
 
 @dsl_user_op
-def _ld_shared_v4(address, *, loc=None, ip=None) -> list:
-    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+def _ld_shared(address, n: int, *, loc=None, ip=None) -> list:
+    regs = ", ".join(f"${i}" for i in range(n))
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * n),
                           [Int32(address).ir_value(loc=loc, ip=ip)],
-                          "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                          f"ld.shared.v{n}.u32 {{{regs}}}, [${n}];", "=r," * n + "r",
                           has_side_effects=True, is_align_stack=False,
                           asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
 def load_shared_words_v4(words, index, offset: int = 0):
     """words[index + offset .. + 3] of a shared-memory uint32 tensor as one 16-byte load
     (LDS.128; index + offset a multiple of 4). A side effect for LLVM, so it stays behind
     the barrier that publishes the stores it reads."""
-    return _ld_shared_v4(words.iterator.toint() + Int32(index) * 4 + 4 * offset)
+    return _ld_shared(words.iterator.toint() + Int32(index) * 4 + 4 * offset, 4)
+
+
+def load_shared_words_v2(words, index, offset: int = 0):
+    """words[index + offset], [.. + 1] of a shared-memory uint32 tensor as one 8-byte load
+    (LDS.64; index + offset even), as load_shared_words_v4."""
+    return _ld_shared(words.iterator.toint() + Int32(index) * 4 + 4 * offset, 2)
 
 
 @dsl_user_op

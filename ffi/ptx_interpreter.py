@@ -1341,8 +1341,39 @@ def _shfl(b, ins, mask, active):
         b.write(p, ok, mask)
 
 
+def _imma_u8(b, ins, mask, warps, lanes, regs):
+    """mma.sync m16n8k32 u8 x u8 + s32 (exact integer sums, wrapping as the s32 adder)."""
+    d_ops, a_ops, b_ops, c_ops = (a[1] for a in ins.args)
+    g, t = np.arange(32) // 4, np.arange(32) % 4
+    W = len(warps)
+    ar, br, cr = regs(a_ops), regs(b_ops), regs(c_ops)
+
+    def bytes_of(r):
+        return [(r >> np.uint32(8 * j)) & np.uint32(0xFF) for j in range(4)]
+
+    A = np.zeros((W, 16, 32), np.int64)
+    B = np.zeros((W, 32, 8), np.int64)
+    for i, (row, k0) in enumerate([(g, 4 * t), (g + 8, 4 * t), (g, 16 + 4 * t),
+                                   (g + 8, 16 + 4 * t)]):
+        for j, v in enumerate(bytes_of(ar[..., i])):
+            A[:, row, k0 + j] = v
+    for i, k0 in enumerate([4 * t, 16 + 4 * t]):
+        for j, v in enumerate(bytes_of(br[..., i])):
+            B[:, k0 + j, g] = v
+    C = np.zeros((W, 16, 8), np.int64)
+    pos = [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+    for i, (row, col) in enumerate(pos):
+        C[:, row, col] = cr[..., i].astype(np.int32)
+    D = (np.einsum("wmk,wkn->wmn", A, B) + C) & 0xFFFFFFFF
+    for i, (row, col) in enumerate(pos):
+        full = np.zeros(b.L, np.uint32)
+        full[lanes] = D[:, row, col].ravel().astype(np.uint32)
+        b.write(d_ops[i], full, mask)
+
+
 def _mma(b, ins, mask, active):
-    if ins.op != "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32":
+    if ins.op not in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32"):
         raise PtxUnsupported(ins.op)
     warps = b.full_warps(mask, "mma.sync")
     d_ops, a_ops, b_ops, c_ops = (a[1] for a in ins.args)
@@ -1353,6 +1384,8 @@ def _mma(b, ins, mask, active):
     def regs(ops):
         return np.stack([b.read(o, "b32")[lanes].reshape(W, 32) for o in ops], -1)
 
+    if ".u8." in ins.op:
+        return _imma_u8(b, ins, mask, warps, lanes, regs)
     ar, br = regs(a_ops), regs(b_ops)
     cr = np.stack([b.read(o, "f32")[lanes].reshape(W, 32) for o in c_ops], -1)
     A = np.zeros((W, 16, 16))

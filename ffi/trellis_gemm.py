@@ -43,6 +43,10 @@ Environment:
                                               split pairs (MmaConfig.split_groups; default
                                               SPLIT_GROUPS_BY_K for 3inst / mcg: 3 at K = 4,
                                               else 1; mul1: 1).
+  EXL3_JAX_MUL1_BYTESUM = 0 | 1              mul1 decode kernels sum the product's bytes with an
+                                              int8 MMA and multiply packed h (MmaConfig.
+                                              mul1_bytesum) instead of split / packed pairs
+                                              (default 0).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
   EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth]]]
@@ -86,6 +90,7 @@ ROW_LINEAR_ENV = "EXL3_JAX_ROW_LINEAR"
 ONE_TOKEN_ENV = "EXL3_JAX_ONE_TOKEN"
 PAIR_FRAGMENTS_ENV = "EXL3_JAX_PAIR_FRAGMENTS"
 SPLIT_GROUPS_ENV = "EXL3_JAX_SPLIT_GROUPS"
+MUL1_BYTESUM_ENV = "EXL3_JAX_MUL1_BYTESUM"
 TILES_ENV = "EXL3_JAX_TILES"
 WGMMA_ENV = "EXL3_JAX_WGMMA"
 PREFILL_FOLD_ENV = "EXL3_JAX_PREFILL_FOLD"   # "1" / "0": force the prefill plan's fold_rotations
@@ -293,12 +298,20 @@ def mma_input_words(xh, cfg):
         return b_fragment_words(xh, cfg.m_pad)
     if cfg.x_layout == "pairs":
         return pair_fragment_words(xh, cfg.m_pad)
-    return _f16_pairs(xh, cfg.m_pad)
+    return _f16_pairs(xh[:x_rows(cfg)], x_rows(cfg))
 
 
 def x_rows(cfg) -> int:
-    """Rows of the decode kernel's activation words: 1 in the one-token layout, else m_pad."""
-    return 1 if cfg.x_layout == "token" else cfg.m_pad
+    """Rows of the decode kernel's activation words: 1 where it reads one token's (layout
+    "token", or "quads" with one_token), else m_pad."""
+    one = cfg.x_layout == "token" or (cfg.x_layout == "quads" and cfg.one_token)
+    return 1 if one else cfg.m_pad
+
+
+def transform_layout(cfg) -> str:
+    """The input transform's output layout (hadamard.LAYOUTS) for the decode kernel ``cfg``:
+    its x_layout, the byte-sum kernels' "quads" being row-major pairs."""
+    return "rows" if cfg.x_layout == "quads" else cfg.x_layout
 
 
 def f16_words(xh_flat):
@@ -337,6 +350,10 @@ def _split_groups(K, codebook: str) -> int:
     return 1 if codebook == "mul1" else SPLIT_GROUPS_BY_K.get(K, 1)
 
 
+def _mul1_bytesum() -> bool:
+    return os.environ.get(MUL1_BYTESUM_ENV, "0") == "1"
+
+
 def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
     """The decode kernel's MmaConfig for ``weight`` (a group: its first member, and
     ``members`` the members' n)."""
@@ -346,7 +363,8 @@ def _mma_config(weight: Exl3Weight, plan: TrellisPlan, members: tuple = ()):
                     n_tiles=plan.n_tiles, warps=plan.warps, splits=plan.splits,
                     unroll=plan.unroll, min_ctas=plan.min_ctas, members=members,
                     one_token=_one_token(plan), pair_fragments=_pair_fragments(),
-                    split_groups=_split_groups(weight.K, weight.codebook))
+                    split_groups=_split_groups(weight.K, weight.codebook),
+                    mul1_bytesum=_mul1_bytesum())
     if plan.ring and cfg.ring_layout_ok:    # else (packed pairs): direct loads
         cfg = dataclasses.replace(cfg, ring=plan.ring)
         # wide tiles (K >= 7 at 8 steps) or 8 tokens' B fragments: shorter chunks until the
@@ -496,7 +514,7 @@ def decode_input_words(x, suh, cfg):
     """The decode plan's input transform: x [m, k] -> (the MMA kernel's activation words for
     ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), row scales float32
     [m_pad]), one launch."""
-    xh, scale = hadamard_in(x, suh, x_rows(cfg), cfg.x_layout)
+    xh, scale = hadamard_in(x, suh, x_rows(cfg), transform_layout(cfg))
     return f16_words(xh), scale
 
 
@@ -777,7 +795,7 @@ def trellis_matmul_group(x2, weights, plan: TrellisPlan, *, poison: bool = False
     if row_cfg is not None:
         return row_linear(x2, weights, row_cfg, poison=poison)
     cfg = _group_config(weights, plan)
-    xh, scale = hadamard_in(x2, [w.suh for w in weights], x_rows(cfg), cfg.x_layout)
+    xh, scale = hadamard_in(x2, [w.suh for w in weights], x_rows(cfg), transform_layout(cfg))
     init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison else None
     part = mma_group_partials_words(f16_words(xh), weights, plan, out_init=init)
     return hadamard_out(part, [w.svh for w in weights], [w.bias for w in weights], scale,

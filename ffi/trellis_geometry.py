@@ -77,6 +77,23 @@ class LaneGeometry:
         to_fma = set(movable[:n])
         return tuple((w, sh, q in to_fma) for q, (w, sh) in enumerate(states))
 
+    def nibble_plan(self, gi: int):
+        """K = 4's extraction on both pipes (cute_ops.lane_states with fma_pipe), or None for
+        other rates: per state (base, op) with base "lo" (the funnel's low word), "left4" (lo
+        << 4, an IMAD) or "mid12" (funnel >> 12, one SHF) and op "high" (bits 16..31, IMAD.HI),
+        "byte" (bits 8..23, PRMT against zero), "fold" (bits 0..15 left unmasked, FoldedState
+        with the base's "high" state) or "dup" (funnel bytes 3..4 permuted into both halves,
+        cute_ops.DupState). 2 base words + 8 ops for 8 states (4 ALU, 5 FMA), against
+        ``extraction``'s 3 funnel shifts + 8 (7 ALU, 4 FMA): the states at odd nibbles come
+        from bytes of the two shifted words, the one across the word boundary from a byte
+        permute that needs no mask."""
+        if self.K != 4 or self.const_shift0[gi] != 28 or self.group != 8:
+            return None
+        by_shift = {0: ("lo", "fold"), 8: ("lo", "byte"), 16: ("lo", "high"), 24: ("lo", "dup"),
+                    4: ("left4", "byte"), 12: ("left4", "high"), 20: ("mid12", "byte"),
+                    28: ("mid12", "high")}
+        return tuple(by_shift[28 - off] for off in self.offsets)
+
     def extraction(self, gi: int):
         """Compile-time extraction plan of group gi, or None if its shifts depend on the lane.
 
@@ -195,8 +212,12 @@ def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False,
             hi, lo, sh0 = lane_funnel(geo, lane, gi)
             merged = (U[..., hi] << np.uint64(32)) | U[..., lo]
             plan = geo.extraction(gi)
+            nplan = geo.nibble_plan(gi) if fma_pipe else None
             for q in range(geo.group):
                 t = CODES_PER_LANE * lane + gi * geo.group + q
+                if nplan is not None:            # K = 4 on both pipes
+                    out[..., t] = _nibble_state(merged, *nplan[q])
+                    continue
                 wplan = geo.window_plan(gi) if fma_pipe and byte_windows else None
                 if wplan is not None:            # byte windows of the funnel
                     win, sh, fma = wplan[q]
@@ -220,6 +241,22 @@ def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False,
                     r = (merged >> np.uint64(b)) & np.uint64(0xFFFFFFFF)
                     out[..., t] = ((r >> np.uint64(part)) & np.uint64(0xFFFF)).astype(np.uint32)
     return out
+
+
+def _nibble_state(merged, base: str, op: str):
+    """One state of LaneGeometry.nibble_plan from 64-bit funnels (numpy uint64), as the kernel
+    forms it (a "dup" state's word holds it twice; the state is either half)."""
+    m32 = np.uint64(0xFFFFFFFF)
+    words = {"lo": merged & m32, "left4": (merged << np.uint64(4)) & m32,
+             "mid12": (merged >> np.uint64(12)) & m32}
+    if op == "dup":
+        b = [(merged >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(8)]
+        w = b[3] | (b[4] << np.uint64(8)) | (b[3] << np.uint64(16)) | (b[4] << np.uint64(24))
+        assert np.all((w >> np.uint64(16)) == (w & np.uint64(0xFFFF)))
+        return (w & np.uint64(0xFFFF)).astype(np.uint32)
+    r = words[base]
+    shift = {"fold": 0, "byte": 8, "high": 16}[op]
+    return ((r >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.uint32)
 
 
 # Fragment placement: decoded element j of a lane -> register pair of the MMA operand.

@@ -62,12 +62,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64, Uint32
 
-from exl3_jax.trellis.codebook import MUL1_K_INV, MUL1_RESIDUAL
+from exl3_jax.trellis.codebook import MUL1_K_BIAS, MUL1_K_INV, MUL1_RESIDUAL
 
-from .cute_ops import (LOP3_CODEBOOKS, cp_async_16, cp_async_commit, cp_async_wait,
-                       cta_thread_ids, decode_words, decode_words_split, half_in_both,
-                       inline_ptx, lane_funnels, lane_pieces, load_shared_words_v4,
-                       load_tile_words, load_words_v4, mma_m16n8k16_f16_f32)
+from .cute_ops import (LOP3_CODEBOOKS, bytesum_ones, cp_async_16, cp_async_commit,
+                       cp_async_wait, cta_thread_ids, decode_words, decode_words_split,
+                       half_in_both, inline_ptx, lane_funnels, lane_pieces, lane_states,
+                       load_shared_words_v2, load_shared_words_v4, load_tile_words, load_words_v4,
+                       mma_m16n8k16_f16_f32, mul1_bytesum_operand)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, KSplitShape,
                                b_fragment_word, lane_geometry, pair_fragment_word,
                                token_fragment_word)
@@ -115,6 +116,7 @@ class MmaTiling(KSplitShape):
 
     # mul1 split pairs need the affine epilogue (mul1_affine) that only the dense kernels apply.
     mul1_split = False
+    mul1_bytesum = False  # MmaConfig's field: mul1 through the byte-sum MMA (cute_ops)
     split_groups = 1    # MmaConfig's field: token groups up to which the kernel splits pairs
 
     @property
@@ -134,7 +136,13 @@ class MmaTiling(KSplitShape):
         groups = self.m_groups <= max(1, self.split_groups)
         if self.codebook in LOP3_CODEBOOKS:
             return groups
-        return self.codebook == "mul1" and self.mul1_split and groups
+        return self.codebook == "mul1" and self.mul1_split and groups and not self.bytesum
+
+    @property
+    def bytesum(self) -> bool:
+        """mul1 decoded by the byte-sum MMA (cute_ops.mul1_bytesum_operand): one packed f16
+        MMA per tile and token group of h = 1024 + bytesum, mul1_affine finishing the map."""
+        return self.codebook == "mul1" and self.mul1_bytesum
 
     @property
     def x_layout(self) -> str:
@@ -145,7 +153,12 @@ class MmaTiling(KSplitShape):
         packed pairs in B-fragment order ("pairs"). Measured on the H200 (session 12): packed
         pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
         8192x28672 K3 mul1 m=1 18% slower; with 2+ token groups, where row-major loads touch
-        8 lines per warp load, "pairs" ran 0-15% faster (m = 16, H100, session 26)."""
+        8 lines per warp load, "pairs" ran 0-15% faster (m = 16, H100, session 26). The
+        byte-sum mul1 kernels read row-major pairs too, in "quads": lane 4 tok + t takes words
+        2t, 2t + 1 of its token's step (x rows 4t .. 4t + 3, one 8-byte load;
+        cute_ops.BYTESUM_ELEMENTS)."""
+        if self.bytesum:
+            return "quads"
         if not self.split_pairs:
             return "pairs" if self.pair_fragments and self.m_groups > 1 else "rows"
         return "token" if self.one_token else "fragments"
@@ -203,6 +216,9 @@ class MmaConfig(MmaTiling):
     # Kernels of up to this many token groups run split pairs (MmaTiling.split_pairs;
     # trellis_gemm._split_groups picks it by codebook and K, EXL3_JAX_SPLIT_GROUPS overrides).
     split_groups: int = 1
+    # mul1 through the byte-sum MMA (cute_ops.mul1_bytesum_operand, layout "quads") instead of
+    # split or packed pairs; trellis_gemm passes EXL3_JAX_MUL1_BYTESUM.
+    mul1_bytesum: bool = False
     # Chunk slots of each warp's cp.async ring in shared memory (ring_k_loop; 0: every lane
     # loads its words straight from global memory, dense_k_loop). B words in a fragment order
     # ("token", "fragments", "pairs"), not row-major pairs.
@@ -234,8 +250,8 @@ class MmaConfig(MmaTiling):
     def x_step_words(self) -> int:
         """Activation words per k16 step and token group in the ring's layouts: one token's 4
         lanes x 4 registers ("token"), 32 lanes x 4 ("fragments") or x 2 ("pairs")."""
-        return {"token": 4 * B_REGS, "pairs": LANES * P_REGS}.get(self.x_layout,
-                                                                  LANES * B_REGS)
+        return {"token": 4 * B_REGS, "pairs": LANES * P_REGS, "quads": 8}.get(self.x_layout,
+                                                                             LANES * B_REGS)
 
     @property
     def ring_weight_words(self) -> int:
@@ -251,8 +267,9 @@ class MmaConfig(MmaTiling):
     @property
     def ring_layout_ok(self) -> bool:
         """Whether ring_k_loop serves this kernel: B words in a fragment order, each token
-        group's steps contiguous (not row-major pairs)."""
-        return self.x_layout in ("token", "fragments", "pairs")
+        group's steps contiguous (not row-major pairs, but for one token's row)."""
+        return self.x_layout in ("token", "fragments", "pairs") or (
+            self.x_layout == "quads" and self.one_token)
 
     @property
     def ring_words(self) -> int:
@@ -266,9 +283,10 @@ class MmaConfig(MmaTiling):
     def validate(self) -> "MmaConfig":
         if self.m_tile % 8 or not 8 <= self.m_tile <= 32:
             raise ValueError(f"m_tile {self.m_tile} must be 8, 16, 24 or 32")
-        if self.one_token and (self.m_pad != 8 or not self.split_pairs):
-            raise ValueError(f"one_token needs one token tile of 8 rows (split pairs), got "
-                             f"m_pad={self.m_pad}")
+        if self.one_token and (self.m_pad != 8 or self.x_layout not in ("token", "quads")):
+            raise ValueError(f"one_token needs one token tile of 8 rows (split pairs or the "
+                             f"byte-sum mul1), got m_pad={self.m_pad}, layout "
+                             f"{self.x_layout!r}")
         self.check_tiling()
         if self.ring:
             if self.ring < 2 or not self.ring_layout_ok:
@@ -337,7 +355,7 @@ def load_chunk_x_words(xw, c0, x_base, cfg, keep=None, lanes: int = 32, shared: 
 def _x_words_per_group(cfg) -> int:
     """Activation words per lane, token group and k16 step: the B fragment's registers, or a
     row-major word pair."""
-    return P_REGS if cfg.x_layout in ("rows", "pairs") else B_REGS
+    return P_REGS if cfg.x_layout in ("rows", "pairs", "quads") else B_REGS
 
 
 def fragments_of_words(words, cfg):
@@ -415,7 +433,7 @@ def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32, shared: bool = False):
             words += [xw[w0 + LANES * i] for i in range(P_REGS)]
         else:
             base = x_base + g * 8 * kw + kt * 8
-            words += [xw[base], xw[base + 4]]
+            words += [xw[base], xw[base + (1 if cfg.x_layout == "quads" else 4)]]
     return words
 
 
@@ -426,6 +444,9 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum=None):
     against B words holding each activation in both halves). xsum (mul1 split pairs): also
     accumulate the sums of x, one MMA per k16 step and token group of that group's B words as
     the A operand against B = ones (see mul1_affine)."""
+    if cfg.bytesum:
+        _bytesum_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum)
+        return
     for u in range(cfg.unroll):
         if xsum is not None:
             for g in range(cfg.m_groups):
@@ -451,10 +472,37 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum=None):
                     acc[i0 + r] = c[r]
 
 
+def _bytesum_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum):
+    """mma_chunk of the byte-sum mul1 kernels: per tile the byte-sum operand
+    (cute_ops.mul1_bytesum_operand) against each token group's "quads" B pair; the sums of x
+    one MMA per two k16 steps and token group (the steps' B pairs as A rows against ones)."""
+    ones = bytesum_ones(cute.arch.lane_idx())
+    zero = Uint32(0)
+    for u in range(0, cfg.unroll, 2):
+        for g in range(cfg.m_groups):
+            a = list(bfrag[u * cfg.m_groups + g][0])
+            a += list(bfrag[(u + 1) * cfg.m_groups + g][0]) if u + 1 < cfg.unroll else [zero] * 2
+            c = mma_m16n8k16_f16_f32(a, [Uint32(0x3C003C00)] * 2,
+                                     [xsum[4 * g + r] for r in range(4)])
+            for r in range(4):
+                xsum[4 * g + r] = c[r]
+    for u in range(cfg.unroll):
+        for j in range(cfg.n_tiles):
+            states = lane_states(wbuf[u * cfg.n_tiles + j], funnels, geo, fma_pipe=True,
+                                 byte_windows=True)
+            a = mul1_bytesum_operand(states, ones)
+            for g in range(cfg.m_groups):
+                i0 = (g * cfg.n_tiles + j) * 4
+                c = mma_m16n8k16_f16_f32(a, bfrag[u * cfg.m_groups + g][0],
+                                         [acc[i0 + r] for r in range(4)])
+                for r in range(4):
+                    acc[i0 + r] = c[r]
+
+
 def mul1_sums(cfg):
-    """mma_chunk's xsum: 4 fp32 zeros per token group where the kernel runs mul1 split pairs,
-    else None."""
-    if not (cfg.codebook == "mul1" and cfg.split_pairs):
+    """mma_chunk's xsum: 4 fp32 zeros per token group where the kernel runs mul1 split pairs
+    or the byte-sum MMA, else None."""
+    if not (cfg.codebook == "mul1" and (cfg.split_pairs or cfg.bytesum)):
         return None
     xsum = cute.make_rmem_tensor((4 * cfg.m_groups,), Float32)
     for i in range(4 * cfg.m_groups):
@@ -469,14 +517,17 @@ def mul1_affine(acc, xsum, cfg):
     token group g, mma_chunk's D fragment of the group's x words (as A) times ones: token
     tau's sum, twice, split over rows tau and tau + 8, so lane 4 tau + t holds it as
     xsum[4g] + xsum[4g + 2]; the group's acc columns 2t, 2t + 1 (lane 4r + t) take it from
-    lanes 8t and 8t + 4 (one token: every lane holds token 0's). Plain Python inlined at
-    trace time."""
+    lanes 8t and 8t + 4 (one token: every lane holds token 0's). The byte-sum kernels
+    (cfg.bytesum) multiply h itself, uncentred: k_inv * acc + k_bias * sum(x), their x words
+    packed pairs (the sum once, not twice). Plain Python inlined at trace time."""
     if xsum is None:
         return
     group_regs = cfg.n_tiles * 4
-    lane = cute.arch.lane_idx() if cfg.x_layout != "token" else None
+    one = cfg.x_layout == "token" or (cfg.x_layout == "quads" and cfg.one_token)
+    lane = None if one else cute.arch.lane_idx()
+    bias = float(MUL1_K_BIAS) if cfg.bytesum else 0.5 * float(MUL1_RESIDUAL)
     for g in range(cfg.m_groups):
-        own = (xsum[4 * g] + xsum[4 * g + 2]) * Float32(0.5 * float(MUL1_RESIDUAL))
+        own = (xsum[4 * g] + xsum[4 * g + 2]) * Float32(bias)
         sums = [own, own]
         if lane is not None:
             sums = [cute.arch.shuffle_sync(own, offset=8 * (lane % 4) + 4 * h)
@@ -546,7 +597,11 @@ def launch_bounds(min_ctas: int) -> dict:
 def x_base_word(m0, kt0, lane, cfg):
     """The lane's first activation word (load_chunk) for the CTA's token tile m0 and the row
     segment starting at k16 step kt0: B-fragment order, one token's fragments (lane % 4's) or
-    row-major fp16 pairs (token m0 + 8g + lane//4; k pairs (lane%4) and (lane%4 + 4))."""
+    row-major fp16 pairs (token m0 + 8g + lane//4; k pairs (lane%4) and (lane%4 + 4); "quads":
+    pairs 2 (lane%4) and 2 (lane%4) + 1, of token 0's row with one token)."""
+    if cfg.x_layout == "quads":
+        row = 0 if cfg.one_token else m0 + lane // 4
+        return row * (cfg.x_k16 * 8) + kt0 * 8 + 2 * (lane % 4)
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
@@ -604,13 +659,16 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     buffer), as load_chunk returns them: each tile's words by ``load_tile_words``' funnels,
     each step's B registers one 16-byte shared load (lane t % 4's of one token, or the lane's
     own of the token group's fragment block), or with "pairs" two 32-bit loads (register i
-    of the step's block at word 32 i + lane)."""
+    of the step's block at word 32 i + lane), or with "quads" (one token's row) one 8-byte
+    load of lane t % 4's pair of words."""
     wbuf = [load_tile_words(ring, slot_word + t * geo.words, funnels, geo)
             for t in range(cfg.unroll * cfg.n_tiles)]
     if cfg.x_layout == "pairs":
         lane_word = lane
     elif cfg.x_layout == "token":
         lane_word = (lane % 4) * B_REGS
+    elif cfg.x_layout == "quads":
+        lane_word = 2 * (lane % 4)
     else:
         lane_word = lane * B_REGS
     x_word = slot_word + cfg.ring_weight_words + lane_word
@@ -621,6 +679,8 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
             step = (g * cfg.unroll + u) * cfg.x_step_words      # a compile-time offset
             if cfg.x_layout == "pairs":
                 words += [Uint32(ring[x_word + step + LANES * i]) for i in range(P_REGS)]
+            elif cfg.x_layout == "quads":
+                words += load_shared_words_v2(ring, x_word, step)
             else:
                 words += load_shared_words_v4(ring, x_word, step)
     # fragments_of_words takes the words step-major with the groups inside each step
@@ -634,6 +694,8 @@ def x_block_word(m0, kt0, cfg):
     member's row segment starts at kt0 = i * k16)."""
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16)
+    if cfg.x_layout == "quads":                  # one token's row (ring_layout_ok)
+        return kt0 * 8
     if cfg.x_layout == "pairs":
         return pair_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)
     return b_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)

@@ -144,16 +144,17 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     rows.update(tiles)
     w_hat, w_full = np.asarray(w_hat), np.asarray(w_full, np.float64)
     res = {"codebook": cb, "K": K, "k": k, "n": n, "splits": cfgs[32].splits,
-           "m1_split_pairs": cfgs[1].split_pairs}
+           "m1_split_pairs": cfgs[1].split_pairs, "bytesum": cfgs[1].bytesum}
     res["dequant_mismatches"] = int(np.sum(w_hat.view(np.uint16) != ref.view(np.uint16)))
     W = 2.0 * np.asarray(dequantize(w.trellis, w.suh, w.svh, cb), np.float64)
     res["dequant_rotated_rel"] = float(np.linalg.norm(w_full - W) / np.linalg.norm(W))
     res["dequant_rotated_nonfinite"] = int(np.sum(~np.isfinite(w_full)))
-    want = {32: ref.astype(np.float32),
-            1: np.asarray(decode_trellis(w.trellis, cb, unrounded=cfgs[1].split_pairs),
-                          np.float32)}
+    # split pairs and the byte-sum mul1 kernels multiply the value before its fp16 rounding
+    want = {m: np.asarray(decode_trellis(w.trellis, cb,
+                                         unrounded=cfg.split_pairs or cfg.bytesum), np.float32)
+            for m, cfg in cfgs.items()}
     for kind in tile_plans:
-        want[kind] = want[32]
+        want[kind] = ref.astype(np.float32)
     keys = [(32, "mma_mismatches"), (1, "mma_m1_mismatches")] + [
         (kind, f"{kind}_mismatches") for kind in tile_plans]
     for m, key in keys:
@@ -663,7 +664,7 @@ def dump_sass(outdir: str, caps=(0,), shapes=((4096, 14336),),
                         plan.warps, plan.splits, plan.unroll, min_ctas=cap,
                         one_token=m == 1).validate()
         words = lane_geometry(K).words
-        x_words = tg.x_rows(cfg) * k // (2 if cfg.x_layout == "rows" else 1)
+        x_words = tg.x_rows(cfg) * k // (2 if cfg.x_layout in ("rows", "quads") else 1)
         fx = make_fake_compact_tensor(cutlass.Uint32, (x_words,), assumed_align=16)
         fw = make_fake_compact_tensor(cutlass.Uint32, (k // 16 * n // 16 * words,),
                                       assumed_align=16)

@@ -207,6 +207,24 @@ RING_CASES = [("mcg", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 4, 1024, 256, 1, 2, 4,
               ("mul1", 4, 1024, 256, 16, 3, 2, 1), ("mcg", 3, 512, 256, 20, 2, 1, 1)]
 
 
+# The byte-sum mul1 kernels (EXL3_JAX_MUL1_BYTESUM=1, layout "quads"): one token's row through
+# the ring (K4's two-pipe extraction, K3's byte windows, a half rate, a linear group) and 16
+# tokens' rows with direct loads.
+BYTESUM_RING_CASES = [("mul1", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 3, 512, 256, 1, 2, 4, 1),
+                      ("mul1", 2.5, 512, 256, 1, 4, 1, 4), ("mul1", 4, 1024, 256, 16, 0, 8, 1),
+                      ("mul1", 4, 512, 512, 1, 3, 2, 1, 256, 256)]
+
+
+@needs_cutlass
+def test_mul1_bytesum_ring_equals_direct_loads(rng):
+    proc = _emulated(["-c", RING, str(int(rng.integers(2**31))), json.dumps(BYTESUM_RING_CASES)],
+                     timeout=900, env={"EXL3_JAX_ROW_LINEAR": "0", "EXL3_JAX_MUL1_BYTESUM": "1"})
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == len(BYTESUM_RING_CASES) and {r["layout"] for r in rows} == {"quads"}
+    for row in rows:
+        assert row["same"] and row["nonfinite"] == 0 and row["rel"] <= 1e-3, row
+
+
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_decode_ring_equals_direct_loads(rng, arch):
@@ -248,7 +266,8 @@ for K, k, n, m in json.loads(sys.argv[2]):
     y = np.asarray(tg.trellis_matmul_gpu(x, w, plan=plan))
     ref = np.asarray(linear_reference(x, w.trellis, w.suh, w.svh, "mul1", w.bias), np.float64)
     rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-    print(json.dumps(dict(case=[K, k, n, m], split=cfg.split_pairs, groups=cfg.m_groups,
+    print(json.dumps(dict(case=[K, k, n, m], split=cfg.split_pairs, layout=cfg.x_layout,
+                          groups=cfg.m_groups,
                           nonfinite=int((~np.isfinite(y)).sum()), rel=rel)), flush=True)
     if rel > 1e-3:
         sys.exit(f"mul1 affine sums off: {[K, k, n, m]} rel {rel:.2e}")
@@ -256,14 +275,22 @@ for K, k, n, m in json.loads(sys.argv[2]):
 
 
 @needs_cutlass
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-def test_mul1_split_pairs_sum_each_token_groups_activations(rng, arch):
+@pytest.mark.parametrize("arch,bytesum", [("sm_90a", False), ("sm_120a", False),
+                                          ("sm_90a", True)])
+def test_mul1_split_pairs_sum_each_token_groups_activations(rng, arch, bytesum):
+    """Split pairs over 1-4 token groups, or (bytesum) the byte-sum kernels, which take the
+    same sums of x from their packed B pairs (one token through the decode kernel itself, the
+    row linear off)."""
     cases = [(4, 256, 256, 1), (3, 256, 256, 5), (4, 256, 256, 16), (3, 512, 256, 24),
              (2, 256, 256, 32)]
+    env = ({"EXL3_JAX_MUL1_BYTESUM": "1", "EXL3_JAX_ROW_LINEAR": "0"} if bytesum
+           else {"EXL3_JAX_SPLIT_GROUPS": "4"})
     proc = _emulated(["-c", AFFINE, str(int(rng.integers(2**31))), json.dumps(cases)],
-                     timeout=900, arch=arch, env={"EXL3_JAX_SPLIT_GROUPS": "4"})
+                     timeout=900, arch=arch, env=env)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [r["groups"] for r in rows] == [1, 1, 2, 3, 4] and all(r["split"] for r in rows)
+    assert [r["groups"] for r in rows] == [1, 1, 2, 3, 4]
+    assert {(r["split"], r["layout"]) for r in rows} == (
+        {(False, "quads")} if bytesum else {(True, "token"), (True, "fragments")})
     for row in rows:
         assert row["nonfinite"] == 0 and row["rel"] <= 1e-3, row
 
@@ -322,6 +349,16 @@ BUGS = {
         AFFINE.replace("from exl3_jax.ffi import trellis_gemm as tg",
                        "import ffi.trellis_gemm as tg"),
         {"EXL3_JAX_SPLIT_GROUPS": "2"}, ["1", json.dumps([(4, 256, 256, 16)])],
+        "mul1 affine sums off"),
+    "mul1-bytesum-with-split-pairs-halving": (
+        # the byte-sum kernels' B pairs hold each x once: halving their sums (as split pairs'
+        # words, which hold it twice, need) is a wrong codebook bias
+        "trellis_mma.py",
+        "    bias = float(MUL1_K_BIAS) if cfg.bytesum else 0.5 * float(MUL1_RESIDUAL)",
+        "    bias = 0.5 * float(MUL1_K_BIAS) if cfg.bytesum else 0.5 * float(MUL1_RESIDUAL)",
+        AFFINE.replace("from exl3_jax.ffi import trellis_gemm as tg",
+                       "import ffi.trellis_gemm as tg"),
+        {"EXL3_JAX_MUL1_BYTESUM": "1"}, ["1", json.dumps([(4, 256, 256, 16)])],
         "mul1 affine sums off"),
     "moe-combine-without-pdl-wait": (
         "trellis_moe.py",

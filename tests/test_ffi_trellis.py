@@ -1117,6 +1117,24 @@ def test_compile_cases_cover_the_plan_parameters():
     assert {c[0] for c in COMPILE_CASES} == {"3inst", "mcg", "mul1"}
 
 
+# The mul1 decode kernels' other form (EXL3_JAX_MUL1_BYTESUM, trellis_gemm.MUL1_BYTESUM_ENV):
+# one token through the ring, one token group's and three token groups' direct loads, a half
+# rate; no spills.
+BYTESUM_COMPILE_CASES = [("mul1", 4, 1, "decode", 8192, 8320), ("mul1", 3, 24, "decode"),
+                         ("mul1", 2.5, 7, "decode")]
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_compile_only_mul1_bytesum(arch, tmp_path):
+    other = "0" if tg._mul1_bytesum() else "1"
+    env = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path),
+           tg.MUL1_BYTESUM_ENV: other}
+    check_rows("exl3_jax.ffi.aot", BYTESUM_COMPILE_CASES, arch, timeout=600, env=env)
+    if helpers_sass.nvdisasm() is not None:
+        assert helpers_sass.spilling_cubins(tmp_path) == {}
+
+
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch, tmp_path):
