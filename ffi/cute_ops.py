@@ -391,13 +391,14 @@ def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
 
 
 @dsl_user_op
-def _ld_nc_v4(addr, offset: int, *, loc=None, ip=None) -> list:
-    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
+def _ld_nc(addr, offset: int, n: int, *, loc=None, ip=None) -> list:
+    regs = ", ".join(f"${i}" for i in range(n))
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * n),
                           [Int64(addr).ir_value(loc=loc, ip=ip)],
-                          f"ld.global.nc.v4.u32 {{$0, $1, $2, $3}}, [$4+{offset}];",
-                          "=r,=r,=r,=r,l", has_side_effects=False, is_align_stack=False,
+                          f"ld.global.nc.v{n}.u32 {{{regs}}}, [${n}+{offset}];",
+                          "=r," * n + "l", has_side_effects=False, is_align_stack=False,
                           asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
 def load_words_v4(words, index, offset: int = 0):
@@ -405,7 +406,13 @@ def load_words_v4(words, index, offset: int = 0):
     (LDG.E.128.CONSTANT; index + offset a multiple of 4; offset a compile-time int, folded
     into the instruction's immediate). Read-only data: the tensor must not be written while
     the kernel runs (the decode kernel's activation words, written by the kernel before it)."""
-    return _ld_nc_v4(words.iterator.toint() + Int64(index) * 4, 4 * offset)
+    return _ld_nc(words.iterator.toint() + Int64(index) * 4, 4 * offset, 4)
+
+
+def load_words_v2(words, index, offset: int = 0):
+    """words[index + offset], [.. + 1] as one 8-byte load (index + offset even), as
+    load_words_v4."""
+    return _ld_nc(words.iterator.toint() + Int64(index) * 4, 4 * offset, 2)
 
 
 @dsl_user_op

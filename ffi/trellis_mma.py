@@ -67,8 +67,9 @@ from exl3_jax.trellis.codebook import MUL1_K_BIAS, MUL1_K_INV, MUL1_RESIDUAL
 from .cute_ops import (LOP3_CODEBOOKS, bytesum_ones, cp_async_16, cp_async_commit,
                        cp_async_wait, cta_thread_ids, decode_words, decode_words_split,
                        half_in_both, inline_ptx, lane_funnels, lane_pieces, lane_states,
-                       load_shared_words_v2, load_shared_words_v4, load_tile_words, load_words_v4,
-                       mma_m16n8k16_f16_f32, mul1_bytesum_operand)
+                       load_shared_words_v2, load_shared_words_v4, load_tile_words,
+                       load_words_v2, load_words_v4, mma_m16n8k16_f16_f32,
+                       mul1_bytesum_operand)
 from .trellis_geometry import (A_OPERAND_PAIRS, B_REGS, LANES, P_REGS, KSplitShape,
                                b_fragment_word, lane_geometry, pair_fragment_word,
                                token_fragment_word)
@@ -431,9 +432,11 @@ def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32, shared: bool = False):
         elif cfg.x_layout == "pairs":
             w0 = x_base + (g * cfg.x_k16 + kt) * P_REGS * LANES
             words += [xw[w0 + LANES * i] for i in range(P_REGS)]
+        elif cfg.x_layout == "quads":
+            words += load_words_v2(xw, x_base + g * 8 * kw + c0 * 8, 8 * u)
         else:
             base = x_base + g * 8 * kw + kt * 8
-            words += [xw[base], xw[base + (1 if cfg.x_layout == "quads" else 4)]]
+            words += [xw[base], xw[base + 4]]
     return words
 
 
