@@ -26,6 +26,8 @@ Layout contract (flat row-major, sizes static):
           (trellis_geometry.b_fragment_slot; each fp16 in both halves of a uint32), or "token"
           [2 * G * k] (m = m_pad = 1: one token's such words, token_fragment_word), or "pairs"
           [m_pad * G * k] (packed kernels' B fragments, two fp16 per word, pair_fragment_word),
+          or "quads" [m_pad * G * k] (the byte-sum kernels', quad_fragment_index; one row
+          (m_pad = 1): row-major),
           of the row [x, x, ..., x] (G * k wide), copy g rotated with suh_g; one s per row,
           the max over every copy; s[r] = 1 for r >= m
   output: part f32 [splits, m_pad, n], per member svh_g f16 [n_g] and, where ``biased[g]``,
@@ -48,7 +50,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
 from .trellis_gemm import ROW_LIMIT_LOG2
 from .trellis_geometry import (b_fragment_slot, b_fragment_word, pair_fragment_slot,
-                               pair_fragment_word, token_fragment_word)
+                               pair_fragment_word, quad_fragment_index, token_fragment_word)
 from .trellis_mma import MAX_MEMBERS     # the kernels below take this many vector pointers
 
 SCALE = 0.0883883461356163          # fp32(0x3DB504F3), the reference kernel's 1/sqrt(128)
@@ -58,7 +60,7 @@ LOAD_REGS = 96                      # row-max load registers (x and suh words) i
                                     # thread (with addresses and unpacking, <= 128 registers)
 STEP = 8                            # row-max elements per thread and step: one 16-byte word
                                     # of suh and of a 2-byte x (two words of an f32 x)
-LAYOUTS = ("rows", "fragments", "token", "pairs")   # input transform outputs (layout contract)
+LAYOUTS = ("rows", "fragments", "token", "pairs", "quads")   # input transform outputs (layout contract)
 SPLIT_ROWS = 32                     # input transforms of up to this many rows split each row
 
 
@@ -351,6 +353,8 @@ def _rotate_store(v, factor, row, col, lane, out, cfg):
             word = token_fragment_word(col + e)
             out[2 * word] = h16
             out[2 * word + 1] = h16
+        elif cfg.layout == "quads":
+            out[quad_fragment_index(row, col + e, cfg.width // 16, min(cfg.rows, 8))] = h16
         elif cfg.layout == "pairs":
             G, kt, q, ln, h = pair_fragment_slot(row, col + e)
             out[2 * pair_fragment_word(G, kt, q, ln, cfg.width // 16) + h] = h16

@@ -290,6 +290,17 @@ def pair_fragment_words(xh, m_pad: int):
     return f16_words(jnp.transpose(x6, (0, 2, 3, 1, 4, 5)).reshape(-1))
 
 
+def quad_fragment_words(xh, rows: int):
+    """fp16 [m, k] -> flat uint32 [rows * k/2], the byte-sum kernels' "quads" words
+    (trellis_geometry.quad_fragment_index as one reshape and transpose; zero-padded rows; one
+    row: row-major)."""
+    xh = _padded_rows(xh[:rows], rows)
+    g = min(rows, 8)
+    # [G, tok, kt, c] -> [G, kt, tok, c]
+    x4 = xh.reshape(rows // g, g, xh.shape[1] // 16, 16)
+    return f16_words(jnp.transpose(x4, (0, 2, 1, 3)).reshape(-1))
+
+
 def mma_input_words(xh, cfg):
     """fp16 [m, k] -> the words ``xw`` of the decode kernel ``cfg`` (trellis_mma.MmaConfig)."""
     if cfg.x_layout == "token":
@@ -298,7 +309,9 @@ def mma_input_words(xh, cfg):
         return b_fragment_words(xh, cfg.m_pad)
     if cfg.x_layout == "pairs":
         return pair_fragment_words(xh, cfg.m_pad)
-    return _f16_pairs(xh[:x_rows(cfg)], x_rows(cfg))
+    if cfg.x_layout == "quads":
+        return quad_fragment_words(xh, x_rows(cfg))
+    return _f16_pairs(xh, cfg.m_pad)
 
 
 def x_rows(cfg) -> int:
@@ -308,10 +321,7 @@ def x_rows(cfg) -> int:
     return 1 if one else cfg.m_pad
 
 
-def transform_layout(cfg) -> str:
-    """The input transform's output layout (hadamard.LAYOUTS) for the decode kernel ``cfg``:
-    its x_layout, the byte-sum kernels' "quads" being row-major pairs."""
-    return "rows" if cfg.x_layout == "quads" else cfg.x_layout
+
 
 
 def f16_words(xh_flat):
@@ -514,7 +524,7 @@ def decode_input_words(x, suh, cfg):
     """The decode plan's input transform: x [m, k] -> (the MMA kernel's activation words for
     ``cfg`` (trellis_mma.MmaConfig; as mma_input_words of the rotated x), row scales float32
     [m_pad]), one launch."""
-    xh, scale = hadamard_in(x, suh, x_rows(cfg), transform_layout(cfg))
+    xh, scale = hadamard_in(x, suh, x_rows(cfg), cfg.x_layout)
     return f16_words(xh), scale
 
 
@@ -795,7 +805,7 @@ def trellis_matmul_group(x2, weights, plan: TrellisPlan, *, poison: bool = False
     if row_cfg is not None:
         return row_linear(x2, weights, row_cfg, poison=poison)
     cfg = _group_config(weights, plan)
-    xh, scale = hadamard_in(x2, [w.suh for w in weights], x_rows(cfg), transform_layout(cfg))
+    xh, scale = hadamard_in(x2, [w.suh for w in weights], x_rows(cfg), cfg.x_layout)
     init = jnp.full((cfg.splits * cfg.m_pad * cfg.n,), np.float32(np.nan)) if poison else None
     part = mma_group_partials_words(f16_words(xh), weights, plan, out_init=init)
     return hadamard_out(part, [w.svh for w in weights], [w.bias for w in weights], scale,
@@ -825,7 +835,7 @@ __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decod
            "dequantize_f16", "group_supported", "hadamard_in", "hadamard_out",
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
-           "lane_geometry", "mma_input_words", "mma_partials", "mma_partials_words",
+           "lane_geometry", "mma_input_words", "quad_fragment_words", "mma_partials", "mma_partials_words",
            "output_transform", "pair_fragment_words", "plan_for", "prefill_matmul", "prefill_scale",
            "rotated_matmul", "row_scale",
            "supports",

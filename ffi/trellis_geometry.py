@@ -322,6 +322,16 @@ def token_fragment_word(c):
     return ((c // 16) * 4 + (kk % 8) // 2) * B_REGS + 2 * (kk % 2) + kk // 8
 
 
+def quad_fragment_index(row, c, k16: int, group_rows: int = 8):
+    """fp16 index of element (row, c) in the byte-sum kernels' "quads" layout: token groups of
+    ``group_rows`` rows (8; 1 for one token, which makes it row-major), each k16 step of a group
+    its rows' 16 values back to back, so the block of (group G, step kt) is x[8G .. 8G + 7, 16kt
+    .. 16kt + 15] row-major and lane 4 tok + t's B pair (x rows 4t .. 4t + 3 of token tok,
+    cute_ops.BYTESUM_ELEMENTS) is its words 2 lane, 2 lane + 1: one 8-byte load, 256 contiguous
+    bytes per warp. Plain integer arithmetic (DSL integers in the input transform)."""
+    return (((row // group_rows) * k16 + c // 16) * group_rows + row % group_rows) * 16 + c % 16
+
+
 def b_fragment_word(G, kt, i, lane, k16: int):
     """uint32 word index of register i of ``lane`` for token group G, k16 step kt: a lane's 4
     registers of a step are contiguous (one 16-byte load per lane; a warp's load covers 512

@@ -155,9 +155,9 @@ class MmaTiling(KSplitShape):
         pairs from B-fragment order took 3-8 more registers, which cost a CTA per SM and made
         8192x28672 K3 mul1 m=1 18% slower; with 2+ token groups, where row-major loads touch
         8 lines per warp load, "pairs" ran 0-15% faster (m = 16, H100, session 26). The
-        byte-sum mul1 kernels read row-major pairs too, in "quads": lane 4 tok + t takes words
-        2t, 2t + 1 of its token's step (x rows 4t .. 4t + 3, one 8-byte load;
-        cute_ops.BYTESUM_ELEMENTS)."""
+        byte-sum mul1 kernels read "quads" (trellis_geometry.quad_fragment_index: each token
+        group's k16 step its 8 rows' 16 values back to back, one 8-byte load per lane; one
+        token: its row)."""
         if self.bytesum:
             return "quads"
         if not self.split_pairs:
@@ -251,8 +251,10 @@ class MmaConfig(MmaTiling):
     def x_step_words(self) -> int:
         """Activation words per k16 step and token group in the ring's layouts: one token's 4
         lanes x 4 registers ("token"), 32 lanes x 4 ("fragments") or x 2 ("pairs")."""
-        return {"token": 4 * B_REGS, "pairs": LANES * P_REGS, "quads": 8}.get(self.x_layout,
-                                                                             LANES * B_REGS)
+        if self.x_layout == "quads":
+            return 8 if self.one_token else 64
+        return {"token": 4 * B_REGS, "pairs": LANES * P_REGS}.get(self.x_layout,
+                                                                  LANES * B_REGS)
 
     @property
     def ring_weight_words(self) -> int:
@@ -268,9 +270,8 @@ class MmaConfig(MmaTiling):
     @property
     def ring_layout_ok(self) -> bool:
         """Whether ring_k_loop serves this kernel: B words in a fragment order, each token
-        group's steps contiguous (not row-major pairs, but for one token's row)."""
-        return self.x_layout in ("token", "fragments", "pairs") or (
-            self.x_layout == "quads" and self.one_token)
+        group's steps contiguous (not row-major pairs)."""
+        return self.x_layout in ("token", "fragments", "pairs", "quads")
 
     @property
     def ring_words(self) -> int:
@@ -433,7 +434,8 @@ def _row_words(xw, c0, u, x_base, cfg, lanes: int = 32, shared: bool = False):
             w0 = x_base + (g * cfg.x_k16 + kt) * P_REGS * LANES
             words += [xw[w0 + LANES * i] for i in range(P_REGS)]
         elif cfg.x_layout == "quads":
-            words += load_words_v2(xw, x_base + g * 8 * kw + c0 * 8, 8 * u)
+            words += load_words_v2(xw, x_base + (g * cfg.x_k16 + c0) * cfg.x_step_words,
+                                   cfg.x_step_words * u)
         else:
             base = x_base + g * 8 * kw + kt * 8
             words += [xw[base], xw[base + 4]]
@@ -600,11 +602,10 @@ def launch_bounds(min_ctas: int) -> dict:
 def x_base_word(m0, kt0, lane, cfg):
     """The lane's first activation word (load_chunk) for the CTA's token tile m0 and the row
     segment starting at k16 step kt0: B-fragment order, one token's fragments (lane % 4's) or
-    row-major fp16 pairs (token m0 + 8g + lane//4; k pairs (lane%4) and (lane%4 + 4); "quads":
-    pairs 2 (lane%4) and 2 (lane%4) + 1, of token 0's row with one token)."""
+    row-major fp16 pairs (token m0 + 8g + lane//4; k pairs (lane%4) and (lane%4 + 4)), or
+    "quads" (words 2 lane, 2 lane + 1 of the step's block; one token: 2 (lane % 4), + 1)."""
     if cfg.x_layout == "quads":
-        row = 0 if cfg.one_token else m0 + lane // 4
-        return row * (cfg.x_k16 * 8) + kt0 * 8 + 2 * (lane % 4)
+        return x_block_word(m0, kt0, cfg) + 2 * (lane % 4 if cfg.one_token else lane)
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
@@ -671,7 +672,7 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     elif cfg.x_layout == "token":
         lane_word = (lane % 4) * B_REGS
     elif cfg.x_layout == "quads":
-        lane_word = 2 * (lane % 4)
+        lane_word = 2 * (lane % 4 if cfg.one_token else lane)
     else:
         lane_word = lane * B_REGS
     x_word = slot_word + cfg.ring_weight_words + lane_word
@@ -697,8 +698,8 @@ def x_block_word(m0, kt0, cfg):
     member's row segment starts at kt0 = i * k16)."""
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16)
-    if cfg.x_layout == "quads":                  # one token's row (ring_layout_ok)
-        return kt0 * 8
+    if cfg.x_layout == "quads":
+        return ((0 if cfg.one_token else m0 // 8) * cfg.x_k16 + kt0) * cfg.x_step_words
     if cfg.x_layout == "pairs":
         return pair_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)
     return b_fragment_word(m0 // 8, kt0, 0, 0, cfg.x_k16)

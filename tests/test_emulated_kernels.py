@@ -208,11 +208,12 @@ RING_CASES = [("mcg", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 4, 1024, 256, 1, 2, 4,
 
 
 # The byte-sum mul1 kernels (EXL3_JAX_MUL1_BYTESUM=1, layout "quads"): one token's row through
-# the ring (K4's two-pipe extraction, K3's byte windows, a half rate, a linear group) and 16
-# tokens' rows with direct loads.
+# the ring (K4's two-pipe extraction, K3's byte windows, a half rate, a linear group), 5 and 16
+# tokens' blocks through it, and 16 tokens' with direct loads.
 BYTESUM_RING_CASES = [("mul1", 4, 1024, 256, 1, 3, 2, 1), ("mul1", 3, 512, 256, 1, 2, 4, 1),
                       ("mul1", 2.5, 512, 256, 1, 4, 1, 4), ("mul1", 4, 1024, 256, 16, 0, 8, 1),
-                      ("mul1", 4, 512, 512, 1, 3, 2, 1, 256, 256)]
+                      ("mul1", 4, 512, 512, 1, 3, 2, 1, 256, 256),
+                      ("mul1", 4, 1024, 256, 5, 3, 2, 1), ("mul1", 3, 1024, 256, 16, 2, 1, 1)]
 
 
 @needs_cutlass

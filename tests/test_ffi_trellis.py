@@ -29,7 +29,8 @@ from exl3_jax.ffi import aot
 from exl3_jax.ffi.trellis_geometry import (A_OPERAND_PAIRS, b_fragment_slot, b_fragment_word,
                                            emulate_lane_states, lane_geometry,
                                            pair_fragment_slot, pair_fragment_word,
-                                           row_fragment_slot, supported_rates,
+                                           quad_fragment_index, row_fragment_slot,
+                                           supported_rates,
                                            token_fragment_word)
 from exl3_jax.ops import plans
 from exl3_jax.trellis import (Exl3Weight, decode_trellis, dequantize, linear_reference, tile_perm,
@@ -486,6 +487,32 @@ def test_pair_fragment_words_match_the_kernel_formula(rng):
     lanes = np.arange(32)
     np.testing.assert_allclose(d[:, 1], ref[lanes // 4, 2 * (lanes % 4) + 1], rtol=1e-12)
     np.testing.assert_allclose(d[:, 2], ref[lanes // 4 + 8, 2 * (lanes % 4)], rtol=1e-12)
+
+
+@pytest.mark.parametrize("m,rows", [(13, 16), (1, 1)])
+def test_quad_fragment_words_match_the_kernel_formula(rng, m, rows):
+    # The byte-sum kernels' "quads": jnp's reshape/transpose equals the index the input
+    # transform writes with, every element once (one row: row-major), and lane 4 tok + t's two
+    # words of a step are x rows 4t .. 4t + 3 of its token (cute_ops.BYTESUM_ELEMENTS).
+    k = 256
+    xh = rng.standard_normal((m, k)).astype(np.float16)
+    words = np.asarray(tg.quad_fragment_words(jnp.asarray(xh), rows))
+    assert words.size == rows * k // 2
+    r, c = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
+    pos = quad_fragment_index(r, c, k // 16, min(rows, 8))
+    assert len(np.unique(pos)) == pos.size
+    want = np.zeros((rows, k), np.float16)
+    want[:m] = xh
+    np.testing.assert_array_equal(words.view(np.float16)[pos], want)
+    if rows == 1:
+        np.testing.assert_array_equal(words.view(np.float16), want[0])
+        return
+    G, kt = 1, 5
+    block = (G * (k // 16) + kt) * 64
+    for lane in range(32):
+        tok, t = 8 * G + lane // 4, lane % 4
+        got = words[block + 2 * lane:][:2].view(np.float16)
+        np.testing.assert_array_equal(got, want[tok, 16 * kt + 4 * t:][:4])
 
 
 def test_b_fragment_words_match_the_kernel_formula(rng):
