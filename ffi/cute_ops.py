@@ -295,7 +295,7 @@ def high_half(r, *, loc=None, ip=None) -> Uint32:
 
 
 def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False,
-                byte_windows: bool = False):
+                byte_windows: bool = False, nibbles: bool = False):
     """This lane's 8 states of one tile (element order), from the words of
     ``load_tile_words``.
 
@@ -310,7 +310,8 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False,
     it trades ALU operations for FMA-pipe ones, one for one. ``byte_windows`` (split pairs,
     where the ALU binds harder than the issue rate): byte-aligned lane-dependent groups (K = 3,
     5, 6) are read from two byte-permuted 32-bit windows at compile-time shifts instead
-    (LaneGeometry.window_plan), about half their states by two IMADs."""
+    (LaneGeometry.window_plan), about half their states by two IMADs. ``nibbles`` (with
+    ``fma_pipe``): K = 4 by LaneGeometry.nibble_plan instead of ``extraction``."""
     states = []
     for gi in range(geo.groups):
         hi, lo = words[gi]
@@ -341,7 +342,7 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False,
                 else:
                     states.append(Uint32(merged >> Uint64(sh0 - off)) & Uint32(0xFFFF))
             continue
-        nplan = geo.nibble_plan(gi) if fma_pipe else None
+        nplan = geo.nibble_plan(gi) if fma_pipe and nibbles else None
         if nplan is not None:     # K = 4 on both pipes: two base words, one op per state
             lo32 = Uint32(lo)
             base = {"lo": lo32, "left4": times_power_of_two(lo32, 4),
@@ -375,18 +376,18 @@ def lane_states(words, funnels, geo: LaneGeometry, fma_pipe: bool = False,
     return states
 
 
-def decode_words(words, funnels, geo: LaneGeometry, codebook: str):
+def decode_words(words, funnels, geo: LaneGeometry, codebook: str, nibbles: bool = False):
     """This lane's 4 f16x2 registers of one tile, in element order ((e0,e1), (e2,e3), (e4,e5),
-    (e6,e7)): two weights packed per register."""
-    states = lane_states(words, funnels, geo, codebook in LOP3_CODEBOOKS)
+    (e6,e7)): two weights packed per register (``nibbles``: as lane_states')."""
+    states = lane_states(words, funnels, geo, codebook in LOP3_CODEBOOKS, nibbles=nibbles)
     return [decode_pair(states[2 * p], states[2 * p + 1], codebook) for p in range(4)]
 
 
-def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str):
+def decode_words_split(words, funnels, geo: LaneGeometry, codebook: str, nibbles: bool = False):
     """This lane's 8 weights of one tile, one f16x2 register each (element order,
-    ``decode_halves``)."""
+    ``decode_halves``; ``nibbles``: as lane_states')."""
     lop3 = codebook in LOP3_CODEBOOKS
-    states = lane_states(words, funnels, geo, fma_pipe=lop3, byte_windows=lop3)
+    states = lane_states(words, funnels, geo, fma_pipe=lop3, byte_windows=lop3, nibbles=nibbles)
     return [decode_halves(s, codebook) for s in states]
 
 

@@ -118,6 +118,13 @@ class MmaTiling(KSplitShape):
     # mul1 split pairs need the affine epilogue (mul1_affine) that only the dense kernels apply.
     mul1_split = False
     mul1_bytesum = False  # MmaConfig's field: mul1 through the byte-sum MMA (cute_ops)
+    # K = 4 states by LaneGeometry.nibble_plan (3.4% fewer instructions, 3 of 11 extraction ops
+    # moved off the ALU pipe). Session 28, H100, against the session-27 tree, mcg K4 (us, two
+    # runs each): the MoE layer (Qwen3-30B-A3B) m = 1 24.7 -> 23.8, m = 4 60.0 -> 57.6; the
+    # dense ring kernel 8192x28672 m = 1 63.4 / 63.5 -> 63.8 / 63.8, m = 16 89.6 / 89.9 ->
+    # 90.5 / 90.6 (4096x14336 m = 16 -2%); the row linear (4096x14336 m = 1) 23.7 / 23.7 -> 25.7
+    # / 25.0. So the grouped MoE kernels take it and the others keep ``extraction``.
+    nibble_extraction = False
     split_groups = 1    # MmaConfig's field: token groups up to which the kernel splits pairs
 
     @property
@@ -463,10 +470,11 @@ def mma_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum=None):
         for j in range(cfg.n_tiles):
             words = wbuf[u * cfg.n_tiles + j]
             if cfg.split_pairs:
-                e = decode_words_split(words, funnels, geo, cfg.codebook)
+                e = decode_words_split(words, funnels, geo, cfg.codebook,
+                                       cfg.nibble_extraction)
                 alist = [[e[p[half]] for p in A_OPERAND_PAIRS] for half in (0, 1)]
             else:
-                h = decode_words(words, funnels, geo, cfg.codebook)
+                h = decode_words(words, funnels, geo, cfg.codebook, cfg.nibble_extraction)
                 alist = [[h[p[0] // 2] for p in A_OPERAND_PAIRS]]
             for g in range(cfg.m_groups):
                 i0 = (g * cfg.n_tiles + j) * 4
@@ -494,7 +502,7 @@ def _bytesum_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum):
     for u in range(cfg.unroll):
         for j in range(cfg.n_tiles):
             states = lane_states(wbuf[u * cfg.n_tiles + j], funnels, geo, fma_pipe=True,
-                                 byte_windows=True)
+                                 byte_windows=True, nibbles=True)
             a = mul1_bytesum_operand(states, ones)
             for g in range(cfg.m_groups):
                 i0 = (g * cfg.n_tiles + j) * 4

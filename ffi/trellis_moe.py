@@ -124,6 +124,7 @@ class GroupedMmaConfig(MmaTiling):
     one_row: bool = False
 
     mul1_split = True        # the k loops apply trellis_mma.mul1_affine
+    nibble_extraction = True  # K = 4 by LaneGeometry.nibble_plan (MmaTiling: -4% at m = 1, 4)
 
     @property
     def x_layout(self) -> str:
