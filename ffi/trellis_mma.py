@@ -229,7 +229,7 @@ class MmaConfig(MmaTiling):
     mul1_bytesum: bool = False
     # Chunk slots of each warp's cp.async ring in shared memory (ring_k_loop; 0: every lane
     # loads its words straight from global memory, dense_k_loop). B words in a fragment order
-    # ("token", "fragments", "pairs"), not row-major pairs.
+    # ("token", "fragments", "pairs", "quads"), not row-major pairs.
     ring: int = 0
 
     @property
@@ -257,7 +257,8 @@ class MmaConfig(MmaTiling):
     @property
     def x_step_words(self) -> int:
         """Activation words per k16 step and token group in the ring's layouts: one token's 4
-        lanes x 4 registers ("token"), 32 lanes x 4 ("fragments") or x 2 ("pairs")."""
+        lanes x 4 registers ("token"), 32 lanes x 4 ("fragments") or x 2 ("pairs", "quads";
+        "quads" of one token: its 8 words)."""
         if self.x_layout == "quads":
             return 8 if self.one_token else 64
         return {"token": 4 * B_REGS, "pairs": LANES * P_REGS}.get(self.x_layout,
@@ -671,8 +672,8 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     buffer), as load_chunk returns them: each tile's words by ``load_tile_words``' funnels,
     each step's B registers one 16-byte shared load (lane t % 4's of one token, or the lane's
     own of the token group's fragment block), or with "pairs" two 32-bit loads (register i
-    of the step's block at word 32 i + lane), or with "quads" (one token's row) one 8-byte
-    load of lane t % 4's pair of words."""
+    of the step's block at word 32 i + lane), or with "quads" one 8-byte load of the lane's
+    pair of words (one token: lane t % 4's)."""
     wbuf = [load_tile_words(ring, slot_word + t * geo.words, funnels, geo)
             for t in range(cfg.unroll * cfg.n_tiles)]
     if cfg.x_layout == "pairs":
