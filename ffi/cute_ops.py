@@ -187,7 +187,9 @@ def imma_m16n8k32_u8(a, b, c, *, loc=None, ip=None):
 # f16 A registers (PRMT of the two D's low halves), the f16 MMA needs B rows 2t, 2t + 1, 2t + 8,
 # 2t + 9 = x rows 4t .. 4t + 3, i.e. B register pair = row-major words 2t, 2t + 1 of x (layout
 # "quads"). Per 8 weights: 8 IMAD, 2 IMMA, 4 PRMT and 1 f16 MMA per token group, against 8 IMAD,
-# 8 IDP and 2 MMAs per group of the split pairs.
+# 8 IDP and 2 MMAs per group of the split pairs; yet 9-60% slower on the H200 (session 28,
+# bench/NOTES.md: the timings fit a u8 MMA that costs two f16 MMAs of tensor-pipe time), so it
+# is opt-in (EXL3_JAX_MUL1_BYTESUM), kept for sm_120a where it is not timed.
 BYTESUM_ELEMENTS = ((0, 4, 2, 6), (1, 5, 3, 7))
 _F16_1024 = 0x6400
 
