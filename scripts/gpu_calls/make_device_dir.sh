@@ -11,8 +11,9 @@ src=${CUTLASS_TARBALL:-../shared/device/cutlass_dsl_cp312_cu13.tar.xz}
 [ -f .device/cutlass_dsl_cp312_cu13.tar.xz ] || cp "$src" .device/
 # name -> commit: base = main before session 17 (55c788a), prewin = before the byte windows
 # (518d8db), prev = before the MoE FC1 one-token row (3903503), cur = the first transform-free
-# prefill (e6955a8: fp32 butterflies in phase 1). Only what an install needs travels.
-for pair in base:55c788a prewin:518d8db prev:3903503 cur:e6955a8; do
+# prefill (e6955a8: fp32 butterflies in phase 1), s27 = main at the end of session 27 (f42c551:
+# before the two-pipe K4 extraction). Only what an install needs travels.
+for pair in base:55c788a prewin:518d8db prev:3903503 cur:e6955a8 s27:f42c551; do
     name=${pair%%:*}; rev=${pair#*:}
     git archive "$rev" pyproject.toml README.md exl3_jax ffi models scripts | xz -T2 -6 > ".device/$name.tar.xz"
 done
