@@ -60,7 +60,8 @@ LOAD_REGS = 96                      # row-max load registers (x and suh words) i
                                     # thread (with addresses and unpacking, <= 128 registers)
 STEP = 8                            # row-max elements per thread and step: one 16-byte word
                                     # of suh and of a 2-byte x (two words of an f32 x)
-LAYOUTS = ("rows", "fragments", "token", "pairs", "quads")   # input transform outputs (layout contract)
+# input transform outputs (layout contract)
+LAYOUTS = ("rows", "fragments", "token", "pairs", "quads")
 SPLIT_ROWS = 32                     # input transforms of up to this many rows split each row
 
 

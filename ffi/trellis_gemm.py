@@ -317,11 +317,7 @@ def mma_input_words(xh, cfg):
 def x_rows(cfg) -> int:
     """Rows of the decode kernel's activation words: 1 where it reads one token's (layout
     "token", or "quads" with one_token), else m_pad."""
-    one = cfg.x_layout == "token" or (cfg.x_layout == "quads" and cfg.one_token)
-    return 1 if one else cfg.m_pad
-
-
-
+    return 1 if cfg.reads_one_token else cfg.m_pad
 
 
 def f16_words(xh_flat):
@@ -835,7 +831,8 @@ __all__ = ["PLAN_ENV", "TRANSFORMS_ENV", "available", "b_fragment_words", "decod
            "dequantize_f16", "group_supported", "hadamard_in", "hadamard_out",
            "input_transform", "mma_group_partials_words", "trellis_matmul_group",
            "trellis_matmul_group_gpu",
-           "lane_geometry", "mma_input_words", "quad_fragment_words", "mma_partials", "mma_partials_words",
+           "lane_geometry", "mma_input_words", "quad_fragment_words", "mma_partials",
+           "mma_partials_words",
            "output_transform", "pair_fragment_words", "plan_for", "prefill_matmul", "prefill_scale",
            "rotated_matmul", "row_scale",
            "supports",

@@ -199,11 +199,11 @@ def lane_funnel(geo: LaneGeometry, lane, gi):
 
 
 def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False,
-                        byte_windows: bool = False) -> np.ndarray:
+                        byte_windows: bool = False, nibbles: bool = False) -> np.ndarray:
     """Run the kernel's extraction on tiles' uint32 words U [..., words] -> states [..., 256]
     in sequence order (t = 8 lane + j); ``fma_pipe`` / ``byte_windows``: cute_ops.lane_states's
-    top windows (LaneGeometry.top_states) and byte windows (window_plan). Host-side oracle for
-    the geometry."""
+    top windows (LaneGeometry.top_states) and byte windows (window_plan); ``nibbles``: K = 4 by
+    nibble_plan (as lane_states, with ``fma_pipe``). Host-side oracle for the geometry."""
     geo = lane_geometry(K)
     U = np.asarray(U, dtype=np.uint64)
     out = np.zeros(U.shape[:-1] + (LANES * CODES_PER_LANE,), dtype=np.uint32)
@@ -212,7 +212,7 @@ def emulate_lane_states(U: np.ndarray, K, fma_pipe: bool = False,
             hi, lo, sh0 = lane_funnel(geo, lane, gi)
             merged = (U[..., hi] << np.uint64(32)) | U[..., lo]
             plan = geo.extraction(gi)
-            nplan = geo.nibble_plan(gi) if fma_pipe else None
+            nplan = geo.nibble_plan(gi) if fma_pipe and nibbles else None
             for q in range(geo.group):
                 t = CODES_PER_LANE * lane + gi * geo.group + q
                 if nplan is not None:            # K = 4 on both pipes

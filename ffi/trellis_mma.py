@@ -147,6 +147,12 @@ class MmaTiling(KSplitShape):
         return self.codebook == "mul1" and self.mul1_split and groups and not self.bytesum
 
     @property
+    def reads_one_token(self) -> bool:
+        """Whether every lane reads one token's activation words (layout "token", or "quads"
+        with one_token): one row of them, and the padding tokens' columns copy token 0's."""
+        return self.x_layout == "token" or (self.x_layout == "quads" and self.one_token)
+
+    @property
     def bytesum(self) -> bool:
         """mul1 decoded by the byte-sum MMA (cute_ops.mul1_bytesum_operand): one packed f16
         MMA per tile and token group of h = 1024 + bytesum, mul1_affine finishing the map."""
@@ -490,7 +496,7 @@ def _bytesum_chunk(wbuf, bfrag, acc, funnels, geo, cfg, xsum):
     """mma_chunk of the byte-sum mul1 kernels: per tile the byte-sum operand
     (cute_ops.mul1_bytesum_operand) against each token group's "quads" B pair; the sums of x
     one MMA per two k16 steps and token group (the steps' B pairs as A rows against ones)."""
-    ones = bytesum_ones(cute.arch.lane_idx())
+    ones = bytesum_ones(cute.arch.lane_idx())     # loop-invariant: left to ptxas to hoist
     zero = Uint32(0)
     for u in range(0, cfg.unroll, 2):
         for g in range(cfg.m_groups):
@@ -537,8 +543,7 @@ def mul1_affine(acc, xsum, cfg):
     if xsum is None:
         return
     group_regs = cfg.n_tiles * 4
-    one = cfg.x_layout == "token" or (cfg.x_layout == "quads" and cfg.one_token)
-    lane = None if one else cute.arch.lane_idx()
+    lane = None if cfg.reads_one_token else cute.arch.lane_idx()
     bias = float(MUL1_K_BIAS) if cfg.bytesum else 0.5 * float(MUL1_RESIDUAL)
     for g in range(cfg.m_groups):
         own = (xsum[4 * g] + xsum[4 * g + 2]) * Float32(bias)
@@ -608,13 +613,19 @@ def launch_bounds(min_ctas: int) -> dict:
     return dict(min_blocks_per_mp=min_ctas, preferred_smem_carveout=-1)
 
 
+def _quad_lane_word(lane, cfg):
+    """The lane's first word of a "quads" step block: its pair 2 lane, 2 lane + 1 (one token:
+    lane t % 4's, of the token's row)."""
+    return 2 * (lane % 4 if cfg.one_token else lane)
+
+
 def x_base_word(m0, kt0, lane, cfg):
     """The lane's first activation word (load_chunk) for the CTA's token tile m0 and the row
     segment starting at k16 step kt0: B-fragment order, one token's fragments (lane % 4's) or
     row-major fp16 pairs (token m0 + 8g + lane//4; k pairs (lane%4) and (lane%4 + 4)), or
     "quads" (words 2 lane, 2 lane + 1 of the step's block; one token: 2 (lane % 4), + 1)."""
     if cfg.x_layout == "quads":
-        return x_block_word(m0, kt0, cfg) + 2 * (lane % 4 if cfg.one_token else lane)
+        return x_block_word(m0, kt0, cfg) + _quad_lane_word(lane, cfg)
     if cfg.x_layout == "token":
         return token_fragment_word(kt0 * 16) + (lane % 4) * B_REGS
     if cfg.x_layout == "fragments":
@@ -681,7 +692,7 @@ def ring_chunk_operands(ring, slot_word, lane, funnels, geo, cfg):
     elif cfg.x_layout == "token":
         lane_word = (lane % 4) * B_REGS
     elif cfg.x_layout == "quads":
-        lane_word = 2 * (lane % 4 if cfg.one_token else lane)
+        lane_word = _quad_lane_word(lane, cfg)
     else:
         lane_word = lane * B_REGS
     x_word = slot_word + cfg.ring_weight_words + lane_word

@@ -62,6 +62,10 @@ def test_lane_geometry_matches_reference_states(rng, K):
     np.testing.assert_array_equal(emulate_lane_states(words, K, fma_pipe=True), ref)
     np.testing.assert_array_equal(
         emulate_lane_states(words, K, fma_pipe=True, byte_windows=True), ref)
+    # K = 4 on both pipes (LaneGeometry.nibble_plan: the MoE kernels, the byte-sum mul1).
+    for byte_windows in (False, True):
+        np.testing.assert_array_equal(emulate_lane_states(
+            words, K, fma_pipe=True, byte_windows=byte_windows, nibbles=True), ref)
 
 
 @pytest.mark.parametrize("codebook", ["mcg", "3inst"])
