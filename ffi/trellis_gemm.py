@@ -49,7 +49,7 @@ Environment:
                                               (default 0).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,depth]]]
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring]]
                                               the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_DECODE_RING = off | R,unroll,splits[,min_ctas[,warps]]
                                               the decode plan's loads through a cp.async ring
@@ -387,7 +387,7 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
     """The kernel config of a token-tile plan (kind "tiles" or "wgmma")."""
     if plan.kind == "wgmma":
         from .aot import device_arch
-        from .trellis_wgmma import ARCH, WEIGHT_RING, WGMMA_DEPTH, WgmmaGemmConfig
+        from .trellis_wgmma import ARCH, WEIGHT_RING, WgmmaGemmConfig
         if (arch := device_arch()) != ARCH:
             raise ValueError(f"the wgmma plan needs a Hopper GPU ({ARCH}); the kernels are "
                              f"built for {arch or 'no CUDA device'}: use the tiles plan there")
@@ -396,7 +396,6 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
                                m_tile=plan.m_tile, warpgroups=plan.warps // 4,
                                splits=plan.splits, fused_out=plan.fused_out,
                                weight_ring=plan.weight_ring or WEIGHT_RING,
-                               wgmma_depth=plan.wgmma_depth or WGMMA_DEPTH,
                                biased=plan.fused_out and weight.bias is not None).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,

@@ -30,15 +30,15 @@ Chunk c + 2's activations and chunk c + R - 1's weights form one cp.async group 
 of chunk c; at its end wait_group 1 (chunk c + 1's group is older than the newest) then
 fence.proxy.async and one barrier.
 
-Options: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
-block) applies the output transform in the epilogue and writes y instead of partials;
-``wgmma_depth`` D (default 1) is how many wgmmas a warpgroup leaves in flight.
+Option: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
+block) applies the output transform in the epilogue and writes y instead of partials.
 
-Per k16 step a warp: reads its tile's words from its ring slot and decodes them (overlapping the
-warpgroup's D wgmmas in flight), wgmma.fence, one wgmma m64n{m_tile}k16 (A: its 4 registers; B:
-the stage's descriptor advanced by 32 bytes per step), commit, wait_group D. The wait names the
-A registers of the wgmma D steps back as inputs, so they stay allocated until it has read them;
-the final wait_group 0 ties the accumulators before the epilogue reads them.
+Per STEP_BATCH = 2 k16 steps a warp: reads its two tiles' words from its ring slot and decodes
+them (overlapping the warpgroup's previous batch, in flight), wgmma.fence, one wgmma
+m64n{m_tile}k16 per step (A: the step's 4 registers; B: the stage's descriptor advanced by 32
+bytes per step), one commit, wait_group 1. The wait names the previous batch's A registers as
+inputs, so they stay allocated until it has read them; the final wait_group 0 ties the
+accumulators before the epilogue reads them.
 
 (A from shared memory instead, each chunk decoded one chunk ahead into an A stage with 2 or 4
 warpgroups, ran 25-40% slower than register A at m = 128 and 1024 on the H100: bench/NOTES.md,
@@ -75,16 +75,18 @@ from .trellis_tiles import TokenTiles
 ARCH = "sm_90a"        # wgmma exists on Hopper only (sm_120a has mma.sync: the tiles plan)
 K_CHUNK = 4            # k16 steps per stage: 64 fp16 = one 128-byte swizzle row per token
 ACTIVATION_STAGES = 4  # chunk c + 2 lands in the stage chunk c - 2 read
+# k16 steps a warp decodes before it issues their wgmmas (one commit group; one group stays in
+# flight while the next batch decodes): two independent decode chains for ptxas to interleave.
+# H100, session 29, against one step per group: m = 32 -2 to -6%, m = 128 within +-3%
+# (8192x28672, 4096x14336, K4 mcg / mul1); outputs bit for bit equal. The wait keeps an
+# in-flight wgmma's A values alive, not its registers: with two groups of two in flight (or four
+# of one, session 21) ptxas moved them and reused registers the hardware still reads (CPU SASS,
+# K3-K4 mcg / mul1), so one group stays the only depth.
+STEP_BATCH = 2
 MIN_WEIGHT_RING = 3    # chunk c + R - 1 lands in chunk c - 1's slot; R - 1 >= 2 so the chunk
                        # due next is never in the newest cp.async group
 WEIGHT_RING = 4        # measured on the H200 (session 20): 4 and 6 within 2-5%, both ahead of
                        # register staging at m >= 32 (up to -17% at 8192x28672 m = 32)
-WGMMA_DEPTH = 1        # wgmmas a warpgroup keeps in flight while it decodes the next step
-# The wait keeps an in-flight wgmma's A values alive, not its registers: at depth 4 ptxas moved
-# them and reused a register the hardware still reads (SASS of K3 mcg / mul1, session 21);
-# depths 1 and 2 compile clean (every codebook and m_tile checked on the CPU). The stage ring
-# itself would allow up to K_CHUNK.
-MAX_WGMMA_DEPTH = 2
 ROW_BYTES = 128
 SWIZZLE_ATOM_BYTES = 8 * ROW_BYTES     # 8 rows of 128 bytes: the descriptor's stride offset
 M_TILES = (32, 64, 128, 256)           # wgmma N values used (accumulators: m_tile / 2 per lane)
@@ -112,9 +114,6 @@ class WgmmaGemmConfig(TokenTiles):
     splits: int = 1        # K-splits (grid y)
     # Chunk slots of each warp's weight ring (weights weight_ring - 1 chunks ahead).
     weight_ring: int = WEIGHT_RING
-    # wgmmas in flight per warpgroup after each step's commit (wait_group depth): each keeps
-    # its 4 A registers allocated until retired.
-    wgmma_depth: int = WGMMA_DEPTH
     # One K-split: the epilogue applies the output transform (Hadamard-128 over the CTA's 128
     # columns through shared memory, * SCALE * svh * row scale + bias, as
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
@@ -162,8 +161,6 @@ class WgmmaGemmConfig(TokenTiles):
         if self.smem_words * 4 > MAX_SMEM_BYTES:
             raise ValueError(f"{self.smem_words * 4} bytes of shared memory per CTA exceed "
                              f"{MAX_SMEM_BYTES}")
-        if not 1 <= self.wgmma_depth <= MAX_WGMMA_DEPTH:
-            raise ValueError(f"wgmma_depth {self.wgmma_depth} must be 1..{MAX_WGMMA_DEPTH}")
         if self.weight_ring < MIN_WEIGHT_RING:
             raise ValueError(f"weight_ring {self.weight_ring} must be at least "
                              f"{MIN_WEIGHT_RING} chunk slots")
@@ -348,24 +345,28 @@ def _a_fragment(words, funnels, geo, cfg):
 
 
 def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
-    """The chunk's K_CHUNK steps: decode the warp's tile (words: ``step_words(kk)``, from its
-    weight-ring slot) into A, one wgmma each against the stage whose step-0 descriptor word is
-    ``desc_lo``, cfg.wgmma_depth in flight (acc; a_prev: the A registers of those in flight,
-    oldest first, 4 per wgmma: register tensors). Plain Python inlined at trace time, hence
+    """The chunk's K_CHUNK steps in batches of STEP_BATCH: decode the warp's tiles of the
+    batch (words: ``step_words(kk)``, from its weight-ring slot) into A registers, one wgmma per
+    step against the stage whose step-0 descriptor word is ``desc_lo``, one commit group per
+    batch, one group in flight while the next decodes (acc; a_prev: the A registers of the
+    group in flight, 4 per wgmma: register tensors). Plain Python inlined at trace time, hence
     ``range``: the DSL preprocessor rewrites only the kernels."""
-    last = 4 * (cfg.wgmma_depth - 1)
-    for kk in range(K_CHUNK):
-        a = _a_fragment(step_words(kk), funnels, geo, cfg)
+    batch = STEP_BATCH
+    regs = 4 * batch                          # A registers per commit group
+    for k0 in range(0, K_CHUNK, batch):
+        a = []
+        for kk in range(k0, k0 + batch):
+            a += _a_fragment(step_words(kk), funnels, geo, cfg)
         wgmma_fence()
-        d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a, desc_lo + 2 * kk)
-        for i in range(cfg.acc_regs):
-            acc[i] = d[i]
+        for j in range(batch):
+            d = wgmma_rs([acc[i] for i in range(cfg.acc_regs)], a[4 * j:4 * j + 4],
+                         desc_lo + 2 * (k0 + j))
+            for i in range(cfg.acc_regs):
+                acc[i] = d[i]
         wgmma_commit()
-        wgmma_wait_a(cfg.wgmma_depth, [a_prev[i] for i in range(4)])    # retires the oldest
-        for i in range(last):
-            a_prev[i] = a_prev[i + 4]
-        for i in range(4):
-            a_prev[last + i] = a[i]
+        wgmma_wait_a(1, [a_prev[i] for i in range(regs)])   # retires the previous batch
+        for i in range(regs):
+            a_prev[i] = a[i]
 
 
 def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
@@ -426,8 +427,8 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     cp_async_wait(1)
     proxy_fence_shared()
     cute.arch.sync_threads()
-    a_prev = cute.make_rmem_tensor((4 * cfg.wgmma_depth,), Uint32)   # A of those in flight
-    for i in cutlass.range_constexpr(4 * cfg.wgmma_depth):
+    a_prev = cute.make_rmem_tensor((4 * STEP_BATCH,), Uint32)     # A of the batch in flight
+    for i in cutlass.range_constexpr(4 * STEP_BATCH):
         a_prev[i] = Uint32(0)
     for c in cutlass.range(cfg.chunks):
         _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
@@ -461,7 +462,7 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES", "MAX_WGMMA_DEPTH",
-           "MIN_WEIGHT_RING", "WEIGHT_RING", "WGMMA_DEPTH", "WgmmaGemmConfig",
+__all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES",
+           "MIN_WEIGHT_RING", "STEP_BATCH", "WEIGHT_RING", "WgmmaGemmConfig",
            "d_fragment_position", "descriptor_lo", "weight_piece",
            "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

@@ -1,7 +1,8 @@
 """Probe the GPU Trellis GEMM for profilers and the launch path (tuning aid; bench/NOTES.md).
 
   python scripts/gpu_probe_linear.py run --k 8192 --n 28672 --K 3 --codebook mcg --m 1 [--calls 6]
-      runs the decode kernel alone ``--calls`` times (for ``ncu --kernel-name regex:trellis``)
+      runs the decode kernel alone ``--calls`` times (for ``ncu --kernel-name regex:trellis``);
+      with another plan ($EXL3_JAX_PLAN=wgmma, prefill, ...) the whole linear op
   python scripts/gpu_probe_linear.py hlo [--out probe.json]
       compiles a jitted chain of three Trellis linears and the bench's fori_loop, and records
       whether XLA put the CuTe custom calls into command buffers (CUDA graphs), with the
@@ -28,6 +29,13 @@ def run_kernel(a) -> int:
     w = gb.random_weight(a.k, a.n, a.K, a.codebook)
     plan = tg.plan_for(a.m, w)      # the production plan on this device (arch, codebook)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((a.m, a.k)), jnp.bfloat16)
+    if plan.kind != "decode":
+        op = jax.jit(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=plan))
+        for _ in range(a.calls):
+            out = op(x, w)
+        jax.block_until_ready(out)
+        print(json.dumps({"plan": str(plan)}))
+        return 0
     cfg = tg._mma_config(w, plan)
     xw, _ = tg.decode_input_words(x, w.suh, cfg)
     kernel = jax.jit(lambda xw, w: tg.mma_partials_words(xw, w, plan))

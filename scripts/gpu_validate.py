@@ -180,8 +180,7 @@ def forced_plan(m, k, n, kind, codebook=None):
     (trellis_gemm.plan_for_shape: the production plan of that kind, e.g. the ring past 2^26
     weights on Hopper);
     "wgmma_tight": the wgmma plan through the smallest weight ring (MIN_WEIGHT_RING chunk
-    slots per warp) and the most wgmmas in flight (MAX_WGMMA_DEPTH), with one K-split and no
-    fused epilogue, so each CTA's chunks wrap around the ring and its stages are reused as
+    slots per warp), with one K-split and no fused epilogue, so each CTA's chunks wrap around the ring and its stages are reused as
     soon as the rules allow; "wgmma_fused": with one K-split and the output transform in its
     epilogue; "decode_ring": the decode plan with its loads through a RING_SLOTS cp.async ring of
     at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
@@ -189,10 +188,9 @@ def forced_plan(m, k, n, kind, codebook=None):
     W_hat / the rotations folded into the weight, at any m (auto picks by
     PREFILL_FOLD_MIN_M)."""
     if kind == "wgmma_tight":
-        from exl3_jax.ffi.trellis_wgmma import MAX_WGMMA_DEPTH, MIN_WEIGHT_RING
+        from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
-                                   fused_out=False, weight_ring=MIN_WEIGHT_RING,
-                                   wgmma_depth=MAX_WGMMA_DEPTH)
+                                   fused_out=False, weight_ring=MIN_WEIGHT_RING)
     if kind == "wgmma_fused":
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)

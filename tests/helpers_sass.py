@@ -88,18 +88,24 @@ def _hgmma_regs(ins: str) -> tuple[set[int], set[int]]:
 def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
     """Instructions that write an A register of an HGMMA not yet retired, touch an
     accumulator of one, or issue an HGMMA whose A registers were written after the last
-    WARPGROUP.ARRIVE (wgmma.fence)."""
-    pending, bad = [], []
+    WARPGROUP.ARRIVE (wgmma.fence). An HGMMA marked gsb0 closes a commit group with the
+    HGMMAs since the last one; WARPGROUP.DEPBAR.LE gsb0, n retires all but the last n groups."""
+    groups: list[list] = [[]]          # closed commit groups, then the open one
+    bad = []
     written_since_arrive: set[int] = set()
     for ins in unrolled(instrs):
+        pending = [h for g in groups for h in g]
         if "HGMMA" in ins:
             acc, a = _hgmma_regs(ins)
             if a & written_since_arrive:
                 bad.append(ins)
-            pending.append((acc, a))
+            groups[-1].append((acc, a))
+            if "gsb0" in ins:
+                groups.append([])
         elif "WARPGROUP.DEPBAR.LE" in ins:
             keep = int(ins.split(",")[-1], 16)
-            pending = pending[len(pending) - keep:] if keep else []
+            closed = groups[:-1]
+            groups = (closed[len(closed) - keep:] if keep else []) + [groups[-1]]
         elif "WARPGROUP.ARRIVE" in ins:
             written_since_arrive = set()
         else:

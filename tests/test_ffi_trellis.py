@@ -193,9 +193,8 @@ def test_wgmma_plan(k, n, m):
         "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=True)
     assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,6") == plans.TrellisPlan(
         "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=False, weight_ring=6)
-    assert plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,4,2") == plans.TrellisPlan(
-        "wgmma", m, m_tile=128, warps=8, splits=1, fused_out=False, weight_ring=4,
-        wgmma_depth=2)
+    with pytest.raises(ValueError, match="m_tile,warpgroups,splits"):
+        plans.tiled_plan("wgmma", m, k, n, "128,2,1,0,4,2")      # the removed depth field
     with pytest.raises(ValueError, match="takes no tiling"):
         plans.tiled_plan("prefill", m, k, n, "128,2,1")
 
@@ -263,9 +262,6 @@ def test_wgmma_stage_swizzle_and_descriptor(rng):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, m_tile=96).validate()
     with pytest.raises(ValueError, match="whole chunks"):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, splits=32).validate()
-    for depth in (0, tw.MAX_WGMMA_DEPTH + 1):
-        with pytest.raises(ValueError, match=f"wgmma_depth {depth} must be 1..2"):
-            tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, wgmma_depth=depth).validate()
     with pytest.raises(ValueError, match="warpgroups 4 must be 1 or 2"):
         tw.WgmmaGemmConfig("mcg", 4, 1, 1024, 512, warpgroups=4).validate()
     with pytest.raises(ValueError, match="bytes of shared memory per CTA exceed"):
@@ -1213,17 +1209,17 @@ def test_compile_only_wgmma_kernels(tmp_path):
     # rewrites an A register, or touches an accumulator, before the WARPGROUP.DEPBAR retiring
     # that HGMMA, or stores a stage without the async-proxy fence before the barrier, would be
     # silently wrong on the GPU (helpers_sass).
+    from exl3_jax.ffi import trellis_wgmma as tw
     cases = [("mcg", 4, 128, "wgmma", 1024, 512), ("mul1", 3.5, 40, "wgmma", 512, 1024),
              ("3inst", 2, 300, "wgmma", 512, 256), ("mcg", 6, 4096, "wgmma", 1024, 256),
              ("mcg", 3, 1024, "wgmma", 4096, 1024),           # 64 chunks: the loop's back edge
              ("mcg", 4, 1024, "wgmma:128,2,1,0", 4096, 1024), ("mul1", 2, 64, "wgmma:64,1,2"),
              ("mul1", 4, 200, "wgmma:256,2,1,1", 512, 256),        # fused, padded rows
              ("mcg", 3, 16, "wgmma", 1024, 512),                     # m_tile 32
-             # weight rings of 3 and 6 chunk slots per warp; 2 wgmmas in flight
+             # weight rings of 3 and 6 chunk slots per warp
              ("mcg", 4, 128, "wgmma:128,2,1,0,3", 2048, 512),
              ("mul1", 3.5, 64, "wgmma:64,2,2,0,6", 1024, 768),
-             ("mcg", 4, 128, "wgmma:128,2,1,1,4,2", 2048, 1024),
-             ("mul1", 3, 40, "wgmma:64,2,2,0,3,2", 1024, 768)]
+             ("mul1", 3, 40, "wgmma:64,2,2,0,3", 1024, 768)]
     rows = check_rows("exl3_jax.ffi.aot", cases, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     for case, row in zip(cases, rows):
@@ -1238,25 +1234,22 @@ def test_compile_only_wgmma_kernels(tmp_path):
                                  for p in sorted(tmp_path.glob("*.cubin")))
                if any("HGMMA" in ins for _, ins in code)]
     assert len(kernels) == len(cases)
-    plans = [aot.resolve_plan(c[2], *(c[4:6] if len(c) > 4 else (256, 256)), c[3])
-             for c in cases]
-    depths = sorted(p.wgmma_depth or 1 for p in plans)
-    seen = []
     for code in kernels:
         hgmma = [ins for _, ins in code if "HGMMA" in ins]
         # A from registers (no descriptor for A) in every HGMMA
         assert len(hgmma) >= 4 and not any("gdesc" in ins.split(", ")[1] for ins in hgmma)
-        # the loop's waits leave wgmma_depth in flight; ptxas kept them (no serialising wait
-        # after every HGMMA)
+        # the loop's waits leave one batch of STEP_BATCH HGMMAs in flight (one commit group),
+        # ptxas kept them (no serialising wait after every HGMMA)
         waits = {int(ins.split(",")[-1], 16) for _, ins in code
                  if "WARPGROUP.DEPBAR.LE" in ins} - {0}
-        assert len(waits) == 1, waits
-        seen.append(waits.pop())
+        assert waits == {1}, waits
+        groups = [ins for _, ins in code if "HGMMA" in ins]
+        assert ["gsb0" in ins for ins in groups[:tw.STEP_BATCH]] == [False] * (
+            tw.STEP_BATCH - 1) + [True]
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
         assert helpers_sass.unwaited_async_copies(code) == []
         assert not [ins for _, ins in code if ins.startswith(("STL", "LDL"))]    # no spills
-    assert sorted(seen) == depths
 
 
 LOCAL_MEMORY_PTX = """.version 8.0

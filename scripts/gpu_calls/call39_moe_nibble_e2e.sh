@@ -6,7 +6,7 @@
 # keep it only if the three pairs agree. (2) End to end with session 28's defaults: the
 # Llama-3-8B geometry at 4 bpw mcg, batch 1 and 8 (issue #5 item 8: >= 1.8x bf16 at batch 1),
 # the Qwen3-30B-A3B geometry at batch 1 (issue #6 item 8: >= 250 tok/s).
-CALL=call39
+CALL=${CALL:-call39}
 for tr in s27 here s27 here s27 here; do
   tree $tr
   timeout 45 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,4 --out $RES/39_moe_now.json > $RES/39_moe_now.log 2>&1

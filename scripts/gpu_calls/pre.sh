@@ -32,15 +32,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import jax, cutlass; print('jax', jax.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -1
 git log -1 --format='tree %h %s' 2>/dev/null | cut -c1-100
 t start
-# `wgmma_tiling M K N [WARPGROUPS [M_TILE [DEPTH [SPLITS]]]]`: an EXL3_JAX_WGMMA tiling string
-# for an [M, K] @ [K, N] linear: the plans' own m_tile and K-split rule (one CTA per SM) unless
-# given (0), weight ring 4, the fused epilogue where one split of two warpgroups allows.
-wgmma_tiling() { python3 -c "
-from exl3_jax.ops.plans import DEFAULT_SMS, _token_tile_splits, select_plan
-m, k, n, w, t, d, s = $1, $2, $3, ${4:-2}, ${5:-0}, ${6:-1}, ${7:-0}
-t = t or select_plan(m, k, n, force='wgmma').m_tile
-s = s or _token_tile_splits(m, k // 16, n // 16, t, 4, DEFAULT_SMS, cta_n16=4 * w)
-print(f'{t},{w},{s},{int(s == 1 and w == 2)},4,{d}')"; }
+# `ncu_kernel TAG REGEX ARGS...`: Nsight Compute of one launch of the kernels matching REGEX in
+# `scripts/gpu_probe_linear.py run ARGS` (its second call: the first compiles): source counters
+# (warp stalls by SASS line), warp states, scheduler, pipes, memory; the details page's key lines
+# and scripts/ncu_source_summary.py's top lines printed, report and summaries in $RES/TAG*.
+ncu_kernel() {
+    local tag=$1 regex=$2; shift 2
+    timeout ${NCU_TIMEOUT:-120} ncu --clock-control none -k regex:"$regex" --launch-skip 1 --launch-count 1 --section SourceCounters --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --import-source no -f -o $RES/$tag python3 scripts/gpu_probe_linear.py run "$@" > $RES/${tag}_ncu.log 2>&1
+    t "ncu $tag rc=$?"; grep -v "^==PROF==" $RES/${tag}_ncu.log | tail -2 | cut -c1-200
+    ncu -i $RES/$tag.ncu-rep --page source --csv --print-source sass > $RES/${tag}_sass.csv 2> /dev/null
+    ncu -i $RES/$tag.ncu-rep --page details > $RES/${tag}_details.txt 2>&1
+    grep -E "Duration|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Registers Per|Eligible Warps|Active Warps|Block Limit|Achieved Occ|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|highest-utilized|Dynamic Shared" $RES/${tag}_details.txt | cut -c1-130 | head -24
+    python3 scripts/ncu_source_summary.py $RES/${tag}_sass.csv --top ${NCU_TOP:-30} > $RES/${tag}_summary.txt 2>&1
+    head -c 5000 $RES/${tag}_summary.txt; rm -f $RES/${tag}_sass.csv; save
+}
 # The timing steps the calls share: `bench_linear TREE TAG SECONDS` (the issue's two large shapes,
 # K 3 and 4, both codebooks, m 1 / 4 / 16) and `bench_moe TREE TAG SECONDS` (the Qwen3 layer,
 # m 1..8), in tree TREE, results $RES/TAG.{json,log}.
