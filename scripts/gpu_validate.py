@@ -180,9 +180,9 @@ def forced_plan(m, k, n, kind, codebook=None):
     (trellis_gemm.plan_for_shape: the production plan of that kind, e.g. the ring past 2^26
     weights on Hopper);
     "wgmma_tight": the wgmma plan through the smallest weight ring (MIN_WEIGHT_RING chunk
-    slots per warp), with one K-split and no fused epilogue, so each CTA's chunks wrap around the ring and its stages are reused as
-    soon as the rules allow; "wgmma_fused": with one K-split and the output transform in its
-    epilogue; "decode_ring": the decode plan with its loads through a RING_SLOTS cp.async ring of
+    slots per warp), with one K-split and no fused epilogue, so each CTA's chunks wrap around
+    the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
+    K-split and the output transform in its epilogue; "decode_ring": the decode plan with its loads through a RING_SLOTS cp.async ring of
     at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
     loads); "prefill" / "prefill_fold": the prefill plan with the transform kernels around
     W_hat / the rotations folded into the weight, at any m (auto picks by

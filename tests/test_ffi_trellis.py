@@ -1324,6 +1324,19 @@ def test_sass_checks_catch_breaches():
             ("", "WARPGROUP.ARRIVE"), ("", "HGMMA.64x64x16.F32 R24, R96, gdesc[UR4], R24, gsb0"),
             ("", "@P0 BRA `(.L_x_0)"), ("", "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
     assert helpers_sass.async_register_breaches(loop) == ["IMAD R96, R1, 0x2, RZ"] * 2
+    # commit groups of two: DEPBAR.LE 1 keeps the whole last group (both HGMMAs) in flight, so
+    # rewriting the first one's A registers then is a breach; after the next group it is not
+    pair = [("", "WARPGROUP.ARRIVE"), ("", "HGMMA.64x64x16.F32 R24, R88, gdesc[UR4], R24"),
+            ("", "HGMMA.64x64x16.F32 R24, R92, gdesc[UR4], R24, gsb0")]
+    early = pair + [("", "WARPGROUP.DEPBAR.LE gsb0, 0x1"), ("", "IMAD R88, R1, 0x2, RZ"),
+                    ("", "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+    assert helpers_sass.async_register_breaches(early) == ["IMAD R88, R1, 0x2, RZ"]
+    retired = pair + [("", "WARPGROUP.ARRIVE"),
+                      ("", "HGMMA.64x64x16.F32 R24, R96, gdesc[UR4], R24"),
+                      ("", "HGMMA.64x64x16.F32 R24, R100, gdesc[UR4], R24, gsb0"),
+                      ("", "WARPGROUP.DEPBAR.LE gsb0, 0x1"), ("", "IMAD R88, R1, 0x2, RZ"),
+                      ("", "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+    assert helpers_sass.async_register_breaches(retired) == []
 
 
 @needs_cutlass
