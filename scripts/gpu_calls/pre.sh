@@ -19,13 +19,28 @@ tree() {
     if [ "$1" = here ]; then export PYTHONPATH=$BASE_PYTHONPATH; cd $ROOT; return; fi
     local d=/tmp/tree_$1
     if [ ! -d $d/site ]; then
-        # The package layout of pyproject's package-dir, without pip (no build backend needed).
-        mkdir -p $d/src $d/site && tar -xJf "$ROOT/.device/$1.tar.xz" -C $d/src
-        cp -r $d/src/exl3_jax $d/site/ && cp -r $d/src/ffi $d/site/exl3_jax/ffi
-        cp -r $d/src/models $d/site/exl3_jax/models
+        mkdir -p $d/src && tar -xJf "$ROOT/.device/$1.tar.xz" -C $d/src && _tree_site $d
     fi
-    # cd too: `python3 -m` puts the working directory (this repo) ahead of PYTHONPATH.
-    export PYTHONPATH=$d/site:$BASE_PYTHONPATH; cd $d/site
+    _tree_enter $1
+}
+# `tree_patched NAME PATCH`: like `tree`, a tree NAME made of this one with PATCH (a path in this
+# repo, `git apply` form) applied: experiments that main does not keep (e.g. timing probes).
+tree_patched() {
+    local d=/tmp/tree_$1
+    if [ ! -d $d/site ]; then
+        mkdir -p $d/src && (cd $ROOT && tar -cf - pyproject.toml exl3_jax ffi models) | tar -xf - -C $d/src
+        (cd $d/src && git apply "$ROOT/$2") && _tree_site $d || return 1
+    fi
+    _tree_enter $1
+}
+# The package layout of pyproject's package-dir, without pip (no build backend needed).
+_tree_site() {
+    mkdir -p $1/site && cp -r $1/src/exl3_jax $1/site/ && cp -r $1/src/ffi $1/site/exl3_jax/ffi
+    cp -r $1/src/models $1/site/exl3_jax/models
+}
+# cd too: `python3 -m` puts the working directory (this repo) ahead of PYTHONPATH.
+_tree_enter() {
+    export PYTHONPATH=/tmp/tree_$1/site:$BASE_PYTHONPATH; cd /tmp/tree_$1/site
     python3 -c "import exl3_jax, exl3_jax.ffi as f; print('tree $1:', exl3_jax.__file__, f.__file__)"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
