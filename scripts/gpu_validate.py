@@ -106,7 +106,8 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     """One jitted program per config: the dequantize kernel once, the MMA kernel on k one-hot rows
     in chunks of 32 (lax.map; packed pairs, fp16 weights) and one row at a time (the m = 1
     plan: split pairs for 3inst / mcg, whose MMA sums each weight's two fp16 halves in fp32, so
-    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma)
+    the reference is the unrounded value), and the token-tile kernels (tiles; on Hopper wgmma
+    and its warp-specialised form)
     on all k one-hot rows at once (m = k), so the config costs one XLA compile. A mismatch
     records its first few (row, column, got, want): a permuted fragment or stage layout shows
     as a pattern there."""
@@ -116,7 +117,7 @@ def check_decode_exact(cb, K, k, n, kinds=None):
     plans = {32: select_plan(32, k, n, force="decode"), 1: select_plan(1, k, n, force="decode")}
     cfgs = {m: tg._mma_config(w, plan) for m, plan in plans.items()}
     tile_plans = {kind: forced_plan(k, k, n, kind)
-                  for kind in (("tiles", "wgmma") if device_arch() == "sm_90a"
+                  for kind in (("tiles", "wgmma", "wgmma_ws") if device_arch() == "sm_90a"
                                else ("tiles",))
                   if kinds is None or kind in kinds}
 
@@ -182,8 +183,9 @@ def forced_plan(m, k, n, kind, codebook=None):
     "wgmma_tight": the wgmma plan through the smallest weight ring (MIN_WEIGHT_RING chunk
     slots per warp), with one K-split and no fused epilogue, so each CTA's chunks wrap around
     the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
-    K-split and the output transform in its epilogue; "decode_ring": the decode plan with its loads through a RING_SLOTS cp.async ring of
-    at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
+    K-split and the output transform in its epilogue; "wgmma_ws": the warp-specialised form
+    (two producer warpgroups, token tiles of at least 64; forced only); "decode_ring": the
+    decode plan with its loads through a RING_SLOTS cp.async ring of at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
     loads); "prefill" / "prefill_fold": the prefill plan with the transform kernels around
     W_hat / the rotations folded into the weight, at any m (auto picks by
     PREFILL_FOLD_MIN_M)."""
@@ -194,6 +196,9 @@ def forced_plan(m, k, n, kind, codebook=None):
     if kind == "wgmma_fused":
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
                                    fused_out=True)
+    if kind == "wgmma_ws":
+        plan = tg.plan_for_shape(m, k, n, force="wgmma")
+        return dataclasses.replace(plan, m_tile=max(plan.m_tile, 64), producers=2)
     if kind == "decode_ring":
         plan = tg.plan_for_shape(m, k, n, force="decode", codebook=codebook)
         return dataclasses.replace(plan, ring=RING_SLOTS, unroll=min(plan.unroll, 2))
@@ -221,7 +226,8 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
                           + (("wgmma",) if hopper else ())
                           if m <= 32 else
                           ("tiles", "prefill", "prefill_fold") + (
-                              ("wgmma", "wgmma_tight", "wgmma_fused") if hopper else ()))
+                              ("wgmma", "wgmma_tight", "wgmma_fused", "wgmma_ws")
+                              if hopper else ()))
              if kinds is None or kind.split("_")[0] in kinds or kind in kinds]
     plans = [forced_plan(m, k, n, kind, cb) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
@@ -626,7 +632,8 @@ def run_memcheck(kind: str) -> int:
     runs = {"decode": [(5, "decode"), (1, "decode"), (5, "decode_ring"), (1, "decode_ring")],
             "prefill": [(40, "prefill"), (40, "prefill_fold")],
             "tiles": [(200, "tiles")],
-            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
+            "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused"),
+                      (200, "wgmma_ws")]}[kind]
     for m, variant in runs:
         plan = forced_plan(m, k, n, variant)
         x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.float32)

@@ -297,6 +297,88 @@ def test_bar_warp_sync_orders_a_warp_and_partial_warps_are_refused(rng):
         run(body.replace("SYNC", half), [src], 512, smem=512, shared_decl=True)
 
 
+# A producer warp (threads 32..63) fills shared memory and signals on named barrier 1; the
+# consumer warp waits there, copies it out and releases it on barrier 2, which the producer
+# waits on before it overwrites the buffer (the warp-specialised kernels' full / empty pair).
+NAMED = """
+ld.param.u64 %rd1, [p0];
+mov.u32 %r1, %tid.x;
+mov.b32 %r2, smem;
+and.b32 %r3, %r1, 31;
+shl.b32 %r4, %r3, 2;
+add.s32 %r5, %r2, %r4;
+setp.ge.u32 %p1, %r1, 32;
+@%p1 bra $PRODUCER;
+FULL_SYNC
+ld.shared.u32 %r6, [%r5];
+mul.wide.u32 %rd2, %r3, 4;
+add.s64 %rd3, %rd1, %rd2;
+st.global.u32 [%rd3], %r6;
+bar.arrive 2, 64;
+bra $END;
+$PRODUCER:
+mul.lo.u32 %r7, %r3, 3;
+FILL
+EMPTY_SYNC
+mov.u32 %r8, 7;
+st.shared.u32 [%r5], %r8;
+$END:
+ret;
+"""
+FILL = "st.shared.u32 [%r5], %r7;\nbar.arrive 1, 64;"
+
+
+def named(**parts):
+    text = NAMED
+    for key, default in (("FULL_SYNC", "bar.sync 1, 64;"), ("FILL", FILL),
+                         ("EMPTY_SYNC", "bar.sync 2, 64;")):
+        text = text.replace(key, parts.get(key, default))
+    return run(text, [], 128, threads=64, smem=128, shared_decl=True)
+
+
+def test_named_barriers_order_producer_and_consumer_warps():
+    np.testing.assert_array_equal(named().view(np.uint32), 3 * np.arange(32))
+    # the consumer not waiting for the fill, the producer overwriting before the release,
+    # signalling before its stores, a thread count nobody reaches
+    with pytest.raises(pi.PtxError, match="write-after-read"):
+        named(FULL_SYNC="")
+    with pytest.raises(pi.PtxError, match="write-after-read"):
+        named(EMPTY_SYNC="")
+    with pytest.raises(pi.PtxError, match="shared-memory race"):
+        named(FILL="bar.arrive 1, 64;\nst.shared.u32 [%r5], %r7;")
+    with pytest.raises(pi.PtxError, match="deadlock"):
+        named(FULL_SYNC="bar.sync 1, 96;", FILL="st.shared.u32 [%r5], %r7;\nbar.arrive 1, 96;")
+
+
+STMATRIX = """
+ld.param.u64 %rd1, [p0];
+mov.u32 %r1, %tid.x;
+mov.b32 %r2, smem;
+shl.b32 %r3, %r1, 8;
+or.b32 %r10, %r3, 0;
+or.b32 %r11, %r3, 1;
+or.b32 %r12, %r3, 2;
+or.b32 %r13, %r3, 3;
+shl.b32 %r4, %r1, 4;
+add.s32 %r5, %r2, %r4;
+stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r5], {%r10, %r11, %r12, %r13};
+ld.shared.v4.u32 {%r20, %r21, %r22, %r23}, [%r5];
+mul.wide.u32 %rd2, %r1, 16;
+add.s64 %rd3, %rd1, %rd2;
+st.global.v4.u32 [%rd3], {%r20, %r21, %r22, %r23};
+ret;
+"""
+
+
+def test_stmatrix_matches_the_isa_fragment_layout():
+    # Lane l holds register i = l * 256 + i and points at row l % 8 of matrix l // 8 (16 bytes
+    # at 16 l): row r of matrix i takes register i of lanes 4 r .. 4 r + 3, 4 bytes each.
+    got = run(STMATRIX, [], 512, smem=512, shared_decl=True).view(np.uint32).reshape(32, 4)
+    lane = np.arange(32)
+    want = ((4 * (lane % 8))[:, None] + np.arange(4)) * 256 + (lane // 8)[:, None]
+    np.testing.assert_array_equal(got, want)
+
+
 # One 16-byte unit u = tid + offset of a 64-fp16 (128-byte) row-major matrix at global src,
 # stored at shared smem + dst + row * 128 + (segment ^ row % 8) * 16: the 128-byte swizzle.
 _STAGE_UNIT = """
