@@ -634,7 +634,6 @@ def _trellis_wgmma_ws_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     base = smem.iterator.toint()
     nt = cfg.cta_threads
     stage_bytes = cfg.stage_words * 4
-    last = cfg.chunks - 1
     if warp >= 4 * cfg.warpgroups:
         # Producer: chunk c + WS_LEAD's copies (once consumers released its stage), chunk c's
         # tiles decoded into A stage c % WS_STAGES, full barrier of that stage.
@@ -648,8 +647,10 @@ def _trellis_wgmma_ws_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
             + pw * WS_RING * cfg.ws_slot_words
         ring = base + ring_word * 4
         for j in cutlass.range_constexpr(WS_LEAD):
-            _ws_copies(xw, tw, min(j, cfg.chunks - 1), m0, ks0, tn0, base, ring, pt, pw, lane,
-                       geo, cfg)
+            if cutlass.const_expr(j < cfg.chunks):
+                _ws_copies(xw, tw, j, m0, ks0, tn0, base, ring, pt, pw, lane, geo, cfg)
+            else:
+                cp_async_commit()                            # an empty group keeps the count
         for c in cutlass.range(cfg.chunks):
             ahead = c + WS_LEAD
             if ahead < cfg.chunks:
