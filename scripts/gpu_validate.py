@@ -217,8 +217,9 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
     # large-token-tile plans too ("tiles", ffi/trellis_tiles.py; on Hopper "wgmma",
     # ffi/trellis_wgmma.py)
     # (on Hopper the wgmma plan at every m, and for m > 32 its smallest weight ring with two
-    # wgmmas in flight and its fused output transform: "wgmma_tight", "wgmma_fused"; the
-    # poisoned path checks the partials)
+    # wgmmas in flight and its fused output transform: "wgmma_tight", "wgmma_fused"; its
+    # warp-specialised form "wgmma_ws" when --kinds asks for wgmma; the poisoned path checks
+    # the partials)
     from exl3_jax.ffi.aot import device_arch
     hopper = device_arch() == "sm_90a"
     cases = [(m, kind) for m in ms
@@ -228,7 +229,8 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
                           ("tiles", "prefill", "prefill_fold") + (
                               ("wgmma", "wgmma_tight", "wgmma_fused", "wgmma_ws")
                               if hopper else ()))
-             if kinds is None or kind.split("_")[0] in kinds or kind in kinds]
+             if (kinds is None and kind != "wgmma_ws")        # forced-only form: by request
+             or kinds is not None and (kind.split("_")[0] in kinds or kind in kinds)]
     plans = [forced_plan(m, k, n, kind, cb) for m, kind in cases]
     xs = {m: jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.float32)
           for m in ms}

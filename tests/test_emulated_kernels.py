@@ -85,7 +85,7 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
     gemm = sections["gemm"]["result"]
     kinds = {r["plan"] for r in gemm}
     assert {"decode", "decode_ring", "prefill", "prefill_fold", "tiles", "wgmma",
-            "wgmma_tight", "wgmma_fused", "wgmma_ws"} <= kinds, kinds
+            "wgmma_tight", "wgmma_fused"} <= kinds, kinds
     assert [r for r in gemm if not r["ok"]] == []
     for name in ("group", "row_linear", "dispatch", "row_scale"):
         rows = sections[name]["result"]
