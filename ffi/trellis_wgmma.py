@@ -300,23 +300,31 @@ def proxy_fence_shared():
     inline_ptx("fence.proxy.async.shared::cta;")
 
 
-def _wgmma_async(acc, a_words, b_desc_lo, loc, ip) -> list:
+def _wgmma_async(acc, a, b_desc_lo, loc, ip) -> list:
     """One wgmma.mma_async m64nNk16 (N = 2 * len(acc), fp32 accumulators tied in and out) with
-    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers."""
+    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers
+    (``a`` a list) or, likewise, from a descriptor's low word (``a`` one value)."""
     n_acc = len(acc)
     d = ", ".join(f"${i}" for i in range(n_acc))
     ai = 2 * n_acc                     # operands: outputs, the tied accumulators, then these
-    a_text = "{" + ", ".join(f"${ai + i}" for i in range(4)) + "}"
-    body = (f"{{\n .reg .pred p;\n .reg .b64 db;\n .reg .b32 hi;\n"
-            f" setp.ne.b32 p, ${ai + 5}, 0;\n"
-            f" mov.b32 hi, {DESC_HI};\n"
-            f" mov.b64 db, {{${ai + 4}, hi}};\n"
+    a_words = list(a) if isinstance(a, (list, tuple)) else [a]
+    bi = ai + len(a_words)
+    if len(a_words) == 4:              # A registers; no transpose immediate for A
+        a_decl, a_mov, a_text, tail = "db", "", "{" + ", ".join(
+            f"${ai + i}" for i in range(4)) + "}", "0"
+    else:                              # A descriptor (K-major: both transposes 0)
+        a_decl, a_mov, a_text, tail = "da, db", f" mov.b64 da, {{${ai}, hi}};\n", "da", "0, 0"
+    body = (f"{{\n .reg .pred p;\n .reg .b64 {a_decl};\n .reg .b32 hi;\n"
+            f" setp.ne.b32 p, ${bi + 1}, 0;\n"
+            f" mov.b32 hi, {DESC_HI};\n{a_mov}"
+            f" mov.b64 db, {{${bi}, hi}};\n"
             f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
-            f"{a_text}, db, p, 1, 1, 0;\n}}")
+            f"{a_text}, db, p, 1, 1, {tail};\n}}")
     operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
                 + [Uint32(v).ir_value(loc=loc, ip=ip) for v in a_words]
                 + [Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
-    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 6)
+    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)]
+                           + ["r"] * (len(a_words) + 2))
     res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
                           constraints + ",~{memory}", has_side_effects=True,
                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
@@ -354,14 +362,20 @@ def wgmma_wait_acc(acc, *, loc=None, ip=None) -> list:
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
 
 
+def _copy_stage_units(xw, m0, ks, stage_address, first, stride, units, cfg):
+    """Copy units first, first + stride, .. (``units`` of them) of the chunk starting at k16
+    step ks, by cp.async into the stage at shared byte address ``stage_address``; no commit."""
+    src = xw.iterator.toint()
+    for i in range(units):
+        row, seg = stage_unit(cfg, first + i * stride)
+        cp_async_16(stage_address + swizzled_word(row, seg) * 4,
+                    src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
+
+
 def _copy_stage_async(xw, m0, ks, stage_address, tid, cfg):
     """This thread's copy units of the chunk starting at k16 step ks, by cp.async into the
     stage (one group per call)."""
-    src = xw.iterator.toint()
-    for i in range(cfg.copy_units):
-        row, seg = stage_unit(cfg, tid + i * cfg.threads)
-        cp_async_16(stage_address + swizzled_word(row, seg) * 4,
-                    src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
+    _copy_stage_units(xw, m0, ks, stage_address, tid, cfg.threads, cfg.copy_units, cfg)
     cp_async_commit()
 
 
@@ -554,24 +568,7 @@ def _stmatrix_x4(address, regs, *, loc=None, ip=None) -> None:
 def wgmma_ss(acc, a_desc_lo, b_desc_lo, *, loc=None, ip=None) -> list:
     """acc += A (64 x 16 from the K-major 128-byte-swizzled descriptor a_desc_lo) @ B (16 x N,
     likewise b_desc_lo), N = 2 * len(acc), fp32 accumulators (asynchronous, as wgmma_rs)."""
-    n_acc = len(acc)
-    d = ", ".join(f"${i}" for i in range(n_acc))
-    ai = 2 * n_acc
-    body = ("{\n .reg .pred p;\n .reg .b64 da, db;\n .reg .b32 hi;\n"
-            f" setp.ne.b32 p, ${ai + 2}, 0;\n"
-            f" mov.b32 hi, {DESC_HI};\n"
-            f" mov.b64 da, {{${ai}, hi}};\n"
-            f" mov.b64 db, {{${ai + 1}, hi}};\n"
-            f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
-            "da, db, p, 1, 1, 0, 0;\n}")
-    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
-                + [Uint32(a_desc_lo).ir_value(loc=loc, ip=ip),
-                   Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
-    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 3)
-    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
-                          constraints + ",~{memory}", has_side_effects=True,
-                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
+    return _wgmma_async(acc, a_desc_lo, b_desc_lo, loc, ip)
 
 
 def ws_tile(warp_p, i, cfg):
@@ -591,12 +588,8 @@ def _ws_copies(xw, tw, c, m0, ks0, tn0, b_base, ring, pt, pw, lane, geo, cfg):
     """Producer thread pt (warp pw): its share of chunk c's activations into B stage
     c % WS_STAGES and its warp's weight tiles of chunk c into ring slot c % WS_RING; one
     cp.async group."""
-    src = xw.iterator.toint()
-    stage = b_base + (c % WS_STAGES) * cfg.stage_words * 4
-    for i in range(cfg.ws_copy_units):
-        row, seg = stage_unit(cfg, pt + i * 128 * cfg.producers)
-        cp_async_16(stage + swizzled_word(row, seg) * 4,
-                    src + Int64((m0 + row) * (cfg.k // 2) + (ks0 + c * K_CHUNK) * 8 + seg * 4) * 4)
+    _copy_stage_units(xw, m0, ks0 + c * K_CHUNK, b_base + (c % WS_STAGES) * cfg.stage_words * 4,
+                      pt, 128 * cfg.producers, cfg.ws_copy_units, cfg)
     wsrc = tw.iterator.toint()
     slot = ring + (c % WS_RING) * cfg.ws_slot_words * 4
     per_tile = geo.words // 4

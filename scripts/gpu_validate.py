@@ -185,10 +185,10 @@ def forced_plan(m, k, n, kind, codebook=None):
     the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
     K-split and the output transform in its epilogue; "wgmma_ws": the warp-specialised form
     (two producer warpgroups, token tiles of at least 64; forced only); "decode_ring": the
-    decode plan with its loads through a RING_SLOTS cp.async ring of at most 2-step chunks (MmaConfig.ring; where the kernel's layout allows, else direct
-    loads); "prefill" / "prefill_fold": the prefill plan with the transform kernels around
-    W_hat / the rotations folded into the weight, at any m (auto picks by
-    PREFILL_FOLD_MIN_M)."""
+    decode plan with its loads through a RING_SLOTS cp.async ring of at most 2-step chunks
+    (MmaConfig.ring; where the kernel's layout allows, else direct loads); "prefill" /
+    "prefill_fold": the prefill plan with the transform kernels around W_hat / the rotations
+    folded into the weight, at any m (auto picks by PREFILL_FOLD_MIN_M)."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _REG = re.compile(r"\bR(\d+)\b")
@@ -156,7 +157,6 @@ def unwaited_async_copies(instrs: list[tuple[str, str]]) -> list[str]:
 
 def hgmma_kernels(folder) -> list[list[tuple[str, str]]]:
     """The disassembled cubins of ``folder`` that issue HGMMAs (the wgmma kernels), by name."""
-    from pathlib import Path
     codes = (disassemble(str(p)) for p in sorted(Path(folder).glob("*.cubin")))
     return [code for code in codes if any("HGMMA" in ins for _, ins in code)]
 

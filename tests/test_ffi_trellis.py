@@ -1304,8 +1304,7 @@ def test_compile_only_wgmma_kernels(tmp_path):
         waits = {int(ins.split(",")[-1], 16) for _, ins in code
                  if "WARPGROUP.DEPBAR.LE" in ins} - {0}
         assert waits == {1}, waits
-        groups = [ins for _, ins in code if "HGMMA" in ins]
-        assert ["gsb0" in ins for ins in groups[:tw.STEP_BATCH]] == [False] * (
+        assert ["gsb0" in ins for ins in hgmma[:tw.STEP_BATCH]] == [False] * (
             tw.STEP_BATCH - 1) + [True]
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
