@@ -12,11 +12,7 @@ accesses) plus the ordering rules a GPU only breaks intermittently:
     reads written by the generic proxy without a fence.proxy.async, or overwritten while it is
     in flight;
   * cp.async: its destination read or written before the wait_group that lands it;
-  * barriers reached by part of a CTA, warp-collective instructions run by part of a warp;
-  * named barriers (bar.sync / bar.arrive with ids and thread counts, the warp-specialised
-    kernels' full / empty pairs): threads waiting at one leave the scheduling until its count
-    is reached; a completed one orders its participants' earlier shared accesses before later
-    ones; a deadlock or a barrier left incomplete at exit is reported.
+  * barriers reached by part of a CTA, warp-collective instructions run by part of a warp.
 Races are tracked per warp, not per thread: the lanes of a warp run each instruction together
 here, so a missing bar.warp.sync between lanes of one warp is not reported.
 
@@ -256,7 +252,7 @@ def _operand_regs(op) -> set:
 
 
 _NO_DEST = {"st", "bar", "barrier", "bra", "ret", "exit", "cp", "fence", "griddepcontrol",
-            "wgmma", "membar", "red", "stmatrix", "setmaxnreg"}
+            "wgmma", "membar", "red"}
 
 
 def _annotate(ins: Instr):
@@ -550,17 +546,6 @@ class _Batch:
         # it (-1 none) and the warp that read it (-1 none, -2 several).
         self.writer = np.full((nc, max(self.smem_size, 1)), -1, np.int32)
         self.reader = np.full((nc, max(self.smem_size, 1)), -1, np.int32)
-        # For named barriers: the readers as a warp bitmask and the CTA's event tick of each
-        # byte's last write and latest read (ticks advance at every named-barrier event).
-        self.reader_bits = np.zeros((nc, max(self.smem_size, 1)), np.uint32)
-        self.write_tick = np.zeros((nc, max(self.smem_size, 1)), np.int64)
-        self.read_tick = np.zeros((nc, max(self.smem_size, 1)), np.int64)
-        self.tick = np.zeros(nc, np.int64)
-        self.nb_count = np.zeros((nc, 16), np.int64)      # threads arrived per named barrier
-        self.nb_expect = np.zeros((nc, 16), np.int64)     # its thread count (0: idle)
-        self.nb_ticks: dict[tuple, dict] = defaultdict(dict)   # (cta, id) -> warp -> tick
-        self.blocked = np.zeros(L, bool)                  # waiting at a named barrier
-        self.blocked_on = np.full(L, -1, np.int64)
         self.unfenced = np.zeros((nc, max(self.smem_size, 1)), np.int32)   # writer thread + 1
         self.pending_cp = np.zeros((nc, max(self.smem_size, 1)), np.int32)
         self.cp_records: list[_CpAsync] = []
@@ -656,11 +641,8 @@ class _Batch:
         code = self.e.code
         steps = 0
         while True:
-            live = ~self.done & ~self.blocked
+            live = ~self.done
             if not live.any():
-                if self.blocked.any():
-                    raise PtxError("deadlock: every live thread waits at a named barrier "
-                                   f"({sorted(set(self.blocked_on[self.blocked].tolist()))})")
                 break
             cur = self.pc[live].min()
             active = live & (self.pc == cur)
@@ -691,10 +673,6 @@ class _Batch:
             raise PtxError("kernel exited with wgmma in flight (no final wait_group)")
         if self.cp_records:
             raise PtxError("kernel exited with cp.async copies in flight")
-        if self.nb_count.any():
-            c, i = np.argwhere(self.nb_count)[0]
-            raise PtxError(f"kernel exited with named barrier {i} of CTA {c} incomplete "
-                           f"({self.nb_count[c, i]} of {self.nb_expect[c, i]} threads)")
 
     # -- hazard checks ---------------------------------------------------------------------
     def warpgroups(self, mask):
@@ -749,7 +727,6 @@ class _Batch:
                 raise PtxError("shared-memory race (write-after-read between warps without a "
                                f"barrier): {ins.text}")
             self.writer[c, idx] = warp
-            self.write_tick[c, idx] = self.tick[c]
             self.unfenced[c, idx] = np.broadcast_to(self.thread[lanes][:, None] + 1, idx.shape)
             for w in self.wgmma_inflight:
                 hit = np.isin(c * self.smem.shape[1] + idx, w.cta * self.smem.shape[1] + w.smem)
@@ -757,61 +734,8 @@ class _Batch:
                     raise PtxError(f"shared bytes overwritten while a wgmma reads them: "
                                    f"{ins.text}")
         else:
-            self.note_reads(c, idx, warp)
-
-    def note_reads(self, c, idx, warp):
-        """Shared bytes (cta c, byte idx) read by ``warp`` (arrays broadcast together)."""
-        rd = self.reader[c, idx]
-        self.reader[c, idx] = np.where((rd == -1) | (rd == warp), warp, -2)
-        self.reader_bits[c, idx] |= (np.uint32(1) << warp.astype(np.uint32))
-        self.read_tick[c, idx] = self.tick[c]
-
-    def named_barrier(self, cta: int, barrier: int, lanes, count: int, sync: bool):
-        """``lanes`` (whole warps of CTA ``cta``) arrive at named barrier ``barrier`` of
-        ``count`` threads, waiting there when ``sync``. When the count is reached the waiting
-        threads go on, and every participant's shared accesses before its arrival are ordered
-        before everyone's later ones (exact when the barrier takes every live warp of the CTA,
-        as the kernels' full / empty barriers do)."""
-        if self.nb_expect[cta, barrier] and self.nb_expect[cta, barrier] != count:
-            raise PtxError(f"named barrier {barrier} with {count} threads while "
-                           f"{self.nb_expect[cta, barrier]} are expected")
-        self.nb_expect[cta, barrier] = count
-        self.nb_count[cta, barrier] += len(lanes)
-        ticks = self.nb_ticks[(cta, barrier)]
-        for w in np.unique(self.warp[lanes]).tolist():
-            ticks[w] = int(self.tick[cta])
-        self.tick[cta] += 1
-        if sync:
-            self.blocked[lanes] = True
-            self.blocked_on[lanes] = barrier
-        if self.nb_count[cta, barrier] > count:
-            raise PtxError(f"named barrier {barrier}: {self.nb_count[cta, barrier]} arrivals "
-                           f"for {count} threads")
-        if self.nb_count[cta, barrier] < count:
-            return
-        waiting = self.blocked & (self.cta == cta) & (self.blocked_on == barrier)
-        self.blocked[waiting] = False
-        self.blocked_on[waiting] = -1
-        self.nb_count[cta, barrier] = self.nb_expect[cta, barrier] = 0
-        del self.nb_ticks[(cta, barrier)]
-        if self.check_races:
-            self.publish(cta, ticks)
-
-    def publish(self, cta: int, ticks: dict):
-        """Forget the race records of accesses made by the warps in ``ticks`` before their
-        arrival tick (a completed named barrier orders them before later accesses)."""
-        wr, wt = self.writer[cta], self.write_tick[cta]
-        bits, rt = self.reader_bits[cta], self.read_tick[cta]
-        part = np.uint32(0)
-        first = np.full(wr.shape, np.iinfo(np.int64).max, np.int64)    # earliest reader arrival
-        for w, t in ticks.items():
-            wr[(wr == w) & (wt <= t)] = -1
-            bit = np.uint32(1) << np.uint32(w)
-            part |= bit
-            first = np.where((bits & bit) != 0, np.minimum(first, t), first)
-        done = (bits != 0) & ((bits & ~part) == 0) & (rt <= first)
-        self.reader[cta][done] = -1
-        bits[done] = 0
+            rd = self.reader[c, idx]
+            self.reader[c, idx] = np.where((rd == -1) | (rd == warp), warp, -2)
 
     def barrier(self, mask, active):
         ctas = np.unique(self.cta[active])
@@ -821,7 +745,6 @@ class _Batch:
                 raise PtxError("bar.sync reached by part of a CTA (divergent barrier)")
             self.writer[c] = -1
             self.reader[c] = -1
-            self.reader_bits[c] = 0
 
     def full_warps(self, mask, what):
         w = self.gwarp[mask]
@@ -1356,24 +1279,6 @@ def _ret(b, ins, mask, active):
 
 
 def _bar(b, ins, mask, active):
-    if ins.parts[0] == "bar" and ins.parts[1] in ("sync", "arrive") and (
-            ins.parts[1] == "arrive" or ins.args[0][0] == "reg" or ins.args[0][1] != 0):
-        # A named barrier: whole warps, waiting (sync) or not (arrive) for the thread count.
-        if not (mask == active).all():
-            raise PtxUnsupported(f"predicated barrier: {ins.text}")
-        lanes = np.nonzero(mask)[0]
-        b.full_warps(mask, f"bar.{ins.parts[1]}")
-        ids = b.read(ins.args[0], "u32")[lanes].astype(np.int64)
-        count = ins.args[1][1] if len(ins.args) > 1 else b.nt
-        if len(ins.args) > 1 and ins.args[1][0] != "imm":
-            raise PtxUnsupported(f"barrier thread count in a register: {ins.text}")
-        if ((ids < 0) | (ids > 15)).any() or count % 32:
-            raise PtxError(f"bad named barrier or thread count: {ins.text}")
-        for c in np.unique(b.cta[lanes]).tolist():
-            for i in np.unique(ids[b.cta[lanes] == c]).tolist():
-                here = lanes[(b.cta[lanes] == c) & (ids == i)]
-                b.named_barrier(c, i, here, count, ins.parts[1] == "sync")
-        return
     if ins.parts[0] == "barrier" or ins.parts[1] in ("sync", "red"):
         if not (mask == active).all():
             raise PtxUnsupported(f"predicated barrier: {ins.text}")
@@ -1600,8 +1505,9 @@ def _wgmma(b, ins, mask, active):
             if (b.writer[cta, idx] >= 0).any():
                 raise PtxError("shared-memory race: wgmma reads bytes written since the CTA's "
                                f"last barrier: {ins.text}")
-            for w in np.unique(b.warp[lanes]).tolist():
-                b.note_reads(cta, idx, np.full(idx.shape, w, np.int32))
+            warps_here = np.unique(b.warp[lanes])
+            rd = b.reader[cta, idx]
+            b.reader[cta, idx] = np.where(rd == -1, int(warps_here[0]), -2)
         Bm = b.smem[cta][offs.ravel()[:, None] + np.arange(2)].reshape(n, 16, 2)
         Bm = np.ascontiguousarray(Bm).view(np.float16).reshape(n, 16).astype(np.float64)
         g, t = np.arange(32) // 4, np.arange(32) % 4
@@ -1684,32 +1590,6 @@ def _cp(b, ins, mask, active):
     raise PtxUnsupported(op)
 
 
-def _stmatrix(b, ins, mask, active):
-    """stmatrix.sync.aligned.m8n8.x{1,2,4}.shared.b16: matrix i's row r (address from lane
-    8 i + r) gets the 4 bytes of register i of lanes 4 r .. 4 r + 3 in turn."""
-    if "trans" in ins.parts or "m8n8" not in ins.parts or "shared" not in ins.parts:
-        raise PtxUnsupported(ins.op)
-    b.full_warps(mask, "stmatrix")
-    lanes = np.nonzero(mask)[0]
-    regs = ins.args[1][1] if ins.args[1][0] == "vec" else [ins.args[1]]
-    addr = _address(b, ins.args[0], lanes).astype(np.int64).reshape(-1, 32)
-    if (addr % 16).any():
-        raise PtxError(f"stmatrix row address not 16-byte aligned: {ins.text}")
-    lane = np.arange(32)
-    for i, r in enumerate(regs):
-        dest = (addr[:, 8 * i + lane // 4] + 4 * (lane % 4)).reshape(-1)
-        data = np.ascontiguousarray(b.read(r, "b32")[lanes]).view(np.uint8).reshape(-1, 4)
-        cta, idx = b.smem_index(dest, 4, ins, lanes)
-        b.note_smem(cta, idx, lanes, True, ins)
-        b.smem[cta[:, None], idx] = data
-
-
-def _setmaxnreg(b, ins, mask, active):
-    """A register-budget hint for the hardware: no effect on the computation."""
-    if len(np.nonzero(mask)[0]) % 128 or len(b.warpgroups(mask)) * 128 != mask.sum():
-        raise PtxError(f"setmaxnreg executed by part of a warpgroup: {ins.text}")
-
-
 def _fence(b, ins, mask, active):
     if ins.op.startswith("fence.proxy.async"):
         t1 = b.thread[mask] + 1
@@ -1740,8 +1620,7 @@ _HANDLERS = {
     "not": _not, "shl": _shift(True), "shr": _shift(False), "shf": _shf, "lop3": _lop3,
     "prmt": _prmt, "dp4a": _dp4a, "setp": _setp, "selp": _selp, "mov": _mov, "cvt": _cvt,
     "ld": _ld, "st": _st, "bra": _bra, "ret": _ret, "exit": _ret, "bar": _bar,
-    "barrier": _bar, "shfl": _shfl, "stmatrix": _stmatrix, "setmaxnreg": _setmaxnreg,
-    "mma": _mma, "wgmma": _wgmma, "cp": _cp, "fence": _fence,
+    "barrier": _bar, "shfl": _shfl, "mma": _mma, "wgmma": _wgmma, "cp": _cp, "fence": _fence,
     "griddepcontrol": _griddepcontrol,
 }
 

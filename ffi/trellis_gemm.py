@@ -49,9 +49,8 @@ Environment:
                                               (default 0).
   EXL3_JAX_TILES = m_tile,n_tiles,warps,splits,chunk
                                               the tiles plan's tiling (a tuning aid).
-  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring[,producers]]]
-                                              the wgmma plan's tiling (a tuning aid;
-                                              producers > 0: the warp-specialised form).
+  EXL3_JAX_WGMMA = m_tile,warpgroups,splits[,fused_out[,ring]]
+                                              the wgmma plan's tiling (a tuning aid).
   EXL3_JAX_DECODE_RING = off | R,unroll,splits[,min_ctas[,warps]]
                                               the decode plan's loads through a cp.async ring
                                               of R slots (0: direct loads; see DECODE_RING_ENV),
@@ -397,8 +396,7 @@ def _tiles_config(weight: Exl3Weight, plan: TrellisPlan):
                                m_tile=plan.m_tile, warpgroups=plan.warps // 4,
                                splits=plan.splits, fused_out=plan.fused_out,
                                weight_ring=plan.weight_ring or WEIGHT_RING,
-                               biased=plan.fused_out and weight.bias is not None,
-                               producers=plan.producers).validate()
+                               biased=plan.fused_out and weight.bias is not None).validate()
     from .trellis_tiles import TileGemmConfig
     return TileGemmConfig(codebook=weight.codebook, K=weight.K,
                           m_blocks=-(-plan.m // plan.m_tile), k=weight.k, n=weight.n,

@@ -44,19 +44,6 @@ accumulators before the epilogue reads them.
 warpgroups, ran 25-40% slower than register A at m = 128 and 1024 on the H100: bench/NOTES.md,
 session 23; removed.)
 
-Warp-specialised form (``producers`` > 0; forced only, not yet timed: bench/NOTES.md, session
-29). Why: alone, the decode and the wgmmas each run near their own bound; in warps that do both
-they overlap little. Here ``producers`` warpgroups copy (cp.async, WS_LEAD chunks ahead) and
-decode: producer warp p takes tiles p, p + 4 producers, .. of each chunk's 8 n16 x 4 k16 and
-writes each decoded A fragment with one stmatrix x4 into A stage c % WS_STAGES (the CTA's 128
-columns x 64 k, the K-major 128-byte swizzle, conflict-free); the two consumer warpgroups issue 4
-wgmmas per chunk with A and B from descriptors. Per stage a full barrier (producers arrive after
-their copies' wait and a proxy fence; consumers sync) and an empty one (consumers arrive once
-wait_group 1 retired the chunk; producers sync before refilling), all named barriers of the whole
-CTA; setmaxnreg moves the producers' registers (WS_PRODUCER_REGS) to the consumers. ptxas sizes
-an HGMMA's operands by the launch cap even after setmaxnreg.inc, so the accumulators must fit
-it: 2 producer warpgroups with 128-token tiles, 4 with 64.
-
 Layout contract (flat, sizes static):
   xw:  uint32 [m_pad, k/2]        fp16 pairs of xh, row-major, zero padded rows (the input
                                   transform's "rows" layout, as the tiles plan)
@@ -112,14 +99,6 @@ DESC_LO_FLAGS = 1 << 16
 # stores (lanes 4 tokens x 8 columns apart) fall into 32 distinct banks.
 EPILOGUE_ROW_WORDS = 132
 MAX_SMEM_BYTES = 227 * 1024            # sm_90's largest dynamic shared memory per CTA
-# Warp-specialised form: stages of A (the CTA's 128 columns x 64 k, fp16) and B, producers
-# copying WS_LEAD chunks ahead through a WS_RING-slot weight ring each, WS_PRODUCER_REGS
-# registers per producer thread after setmaxnreg (the decode-only probe compiled to 38).
-WS_STAGES, WS_LEAD, WS_RING = 4, 2, 3
-WS_PRODUCER_REGS = 56
-WS_CONSUMER_SPARE = 48                 # a consumer's registers beside its accumulators
-A_STAGE_WORDS = 128 * ROW_BYTES // 4
-CONSUMER_BARRIER = 15                  # named barrier of the 8 consumer warps' epilogue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,12 +119,6 @@ class WgmmaGemmConfig(TokenTiles):
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
     fused_out: bool = False
     biased: bool = False   # fused_out: the linear has a bias
-    # Warp-specialised form (experiment): ``producers`` warpgroups decode each chunk's weight
-    # tiles into shared A stages (stmatrix, the K-major 128-byte swizzle) and copy the
-    # activations; the ``warpgroups`` consumer warpgroups only issue wgmmas with A and B from
-    # shared memory. Full / empty named barriers per stage; setmaxnreg moves the producers'
-    # registers to the consumers' accumulators. 0: the register-A kernel.
-    producers: int = 0
 
     chunk_steps = K_CHUNK
     stages = ACTIVATION_STAGES
@@ -162,9 +135,6 @@ class WgmmaGemmConfig(TokenTiles):
         and every copy has landed)."""
         ring = self.stages * self.stage_words \
             + 4 * self.warpgroups * self.weight_ring * self.slot_words
-        if self.producers:
-            ring = WS_STAGES * (self.stage_words + A_STAGE_WORDS) \
-                + 4 * self.producers * WS_RING * self.ws_slot_words
         return max(ring, self.m_tile * EPILOGUE_ROW_WORDS) if self.fused_out else ring
 
     @property
@@ -176,40 +146,12 @@ class WgmmaGemmConfig(TokenTiles):
         return 128 * self.warpgroups
 
     @property
-    def cta_threads(self) -> int:
-        """Threads of a CTA: the consumer warpgroups' and the producers'."""
-        return 128 * (self.warpgroups + self.producers)
-
-    @property
     def acc_regs(self) -> int:
         return self.m_tile // 2
 
     @property
     def stage_words(self) -> int:
         return self.m_tile * ROW_BYTES // 4
-
-    @property
-    def ws_tiles(self) -> int:
-        """Weight tiles a producer warp decodes per chunk (of the CTA's 8 x K_CHUNK)."""
-        return 8 * K_CHUNK // (4 * self.producers)
-
-    @property
-    def ws_slot_words(self) -> int:
-        return self.ws_tiles * lane_geometry(self.K).words
-
-    @property
-    def ws_copy_units(self) -> int:
-        """16-byte activation units each producer thread copies per stage."""
-        return self.stage_units // (128 * self.producers)
-
-    @property
-    def ws_registers(self) -> tuple[int, int, int]:
-        """(launch cap, producer, consumer) registers per thread: the CTA's pool at launch,
-        the producers' share moved to the consumers by setmaxnreg."""
-        cap = min(255, 65536 // self.cta_threads) // 8 * 8
-        prod = WS_PRODUCER_REGS
-        cons = min(248, (cap + (cap - prod) * self.producers // self.warpgroups) // 8 * 8)
-        return cap, prod, cons
 
     def validate(self) -> "WgmmaGemmConfig":
         if self.m_tile not in M_TILES:
@@ -222,15 +164,6 @@ class WgmmaGemmConfig(TokenTiles):
         if self.weight_ring < MIN_WEIGHT_RING:
             raise ValueError(f"weight_ring {self.weight_ring} must be at least "
                              f"{MIN_WEIGHT_RING} chunk slots")
-        if self.producers and (self.producers not in (1, 2, 4) or self.warpgroups != 2
-                               or self.m_tile < 64):
-            raise ValueError("the warp-specialised form takes 1, 2 or 4 producer warpgroups, "
-                             "two consumer warpgroups and token tiles of 64 or more")
-        if self.producers and self.acc_regs + WS_CONSUMER_SPARE > self.ws_registers[0]:
-            raise ValueError(f"{self.acc_regs} accumulators per consumer thread do not fit "
-                             f"the {self.ws_registers[0]} registers of a {self.cta_threads}-"
-                             "thread launch (ptxas sizes an HGMMA's operands by the launch "
-                             "cap, setmaxnreg or not): fewer producers or a smaller m_tile")
         if self.fused_out and (self.splits != 1 or self.warpgroups != 2):
             raise ValueError("fused_out needs one K-split and two warpgroups (a CTA's 128 "
                              "columns are one Hadamard block)")
@@ -300,31 +233,23 @@ def proxy_fence_shared():
     inline_ptx("fence.proxy.async.shared::cta;")
 
 
-def _wgmma_async(acc, a, b_desc_lo, loc, ip) -> list:
+def _wgmma_async(acc, a_words, b_desc_lo, loc, ip) -> list:
     """One wgmma.mma_async m64nNk16 (N = 2 * len(acc), fp32 accumulators tied in and out) with
-    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers
-    (``a`` a list) or, likewise, from a descriptor's low word (``a`` one value)."""
+    B from its K-major 128-byte-swizzled descriptor's low word and A from 4 f16x2 registers."""
     n_acc = len(acc)
     d = ", ".join(f"${i}" for i in range(n_acc))
     ai = 2 * n_acc                     # operands: outputs, the tied accumulators, then these
-    a_words = list(a) if isinstance(a, (list, tuple)) else [a]
-    bi = ai + len(a_words)
-    if len(a_words) == 4:              # A registers; no transpose immediate for A
-        a_decl, a_mov, a_text, tail = "db", "", "{" + ", ".join(
-            f"${ai + i}" for i in range(4)) + "}", "0"
-    else:                              # A descriptor (K-major: both transposes 0)
-        a_decl, a_mov, a_text, tail = "da, db", f" mov.b64 da, {{${ai}, hi}};\n", "da", "0, 0"
-    body = (f"{{\n .reg .pred p;\n .reg .b64 {a_decl};\n .reg .b32 hi;\n"
-            f" setp.ne.b32 p, ${bi + 1}, 0;\n"
-            f" mov.b32 hi, {DESC_HI};\n{a_mov}"
-            f" mov.b64 db, {{${bi}, hi}};\n"
+    a_text = "{" + ", ".join(f"${ai + i}" for i in range(4)) + "}"
+    body = (f"{{\n .reg .pred p;\n .reg .b64 db;\n .reg .b32 hi;\n"
+            f" setp.ne.b32 p, ${ai + 5}, 0;\n"
+            f" mov.b32 hi, {DESC_HI};\n"
+            f" mov.b64 db, {{${ai + 4}, hi}};\n"
             f" wgmma.mma_async.sync.aligned.m64n{2 * n_acc}k16.f32.f16.f16 {{{d}}}, "
-            f"{a_text}, db, p, 1, 1, {tail};\n}}")
+            f"{a_text}, db, p, 1, 1, 0;\n}}")
     operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
                 + [Uint32(v).ir_value(loc=loc, ip=ip) for v in a_words]
                 + [Uint32(b_desc_lo).ir_value(loc=loc, ip=ip), Uint32(1).ir_value(loc=loc, ip=ip)])
-    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)]
-                           + ["r"] * (len(a_words) + 2))
+    constraints = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 6)
     res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * n_acc), operands, body,
                           constraints + ",~{memory}", has_side_effects=True,
                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
@@ -362,20 +287,14 @@ def wgmma_wait_acc(acc, *, loc=None, ip=None) -> list:
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n_acc)]
 
 
-def _copy_stage_units(xw, m0, ks, stage_address, first, stride, units, cfg):
-    """Copy units first, first + stride, .. (``units`` of them) of the chunk starting at k16
-    step ks, by cp.async into the stage at shared byte address ``stage_address``; no commit."""
-    src = xw.iterator.toint()
-    for i in range(units):
-        row, seg = stage_unit(cfg, first + i * stride)
-        cp_async_16(stage_address + swizzled_word(row, seg) * 4,
-                    src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
-
-
 def _copy_stage_async(xw, m0, ks, stage_address, tid, cfg):
     """This thread's copy units of the chunk starting at k16 step ks, by cp.async into the
     stage (one group per call)."""
-    _copy_stage_units(xw, m0, ks, stage_address, tid, cfg.threads, cfg.copy_units, cfg)
+    src = xw.iterator.toint()
+    for i in range(cfg.copy_units):
+        row, seg = stage_unit(cfg, tid + i * cfg.threads)
+        cp_async_16(stage_address + swizzled_word(row, seg) * 4,
+                    src + Int64((m0 + row) * (cfg.k // 2) + ks * 8 + seg * 4) * 4)
     cp_async_commit()
 
 
@@ -450,19 +369,16 @@ def _mma_chunk(acc, a_prev, step_words, desc_lo, funnels, geo, cfg):
             a_prev[i] = a[i]
 
 
-def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg,
-                    sync=cute.arch.sync_threads):
+def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
     """The output transform of the CTA's 128 columns x m_tile tokens (fused_out): D fragments
     to shared memory as fp32 rows, then per token row (warp w: rows w, w + 8, ..) the lane's
     4 columns through hadamard128_lane, * SCALE * svh * row scale + bias, one 16-byte store
-    each; the arithmetic of hadamard._hadamard_out_kernel with one K-split, in its order.
-    ``sync``: the barrier of the 8 warps holding the accumulators (the CTA's, or in the
-    warp-specialised form the consumers' own)."""
-    sync()                                            # every warp is done with the stages
+    each; the arithmetic of hadamard._hadamard_out_kernel with one K-split, in its order."""
+    cute.arch.sync_threads()                          # every warp is done with the stages
     for i in range(cfg.acc_regs):
         row, col = d_fragment_position(warp, lane, i)
         _st_shared_f32(base + (row * EPILOGUE_ROW_WORDS + col) * 4, d[i])
-    sync()
+    cute.arch.sync_threads()
     col = bx * 128 + 4 * lane
     sv = [Float32(svh[col + e]) for e in range(4)]
     bv = [Float32(bias[col + e]) if cfg.biased else Float32(0.0) for e in range(4)]
@@ -473,17 +389,6 @@ def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg,
         rs = scale[m0 + row]
         for e in range(4):
             y[(m0 + row) * cfg.n + col + e] = v[e] * Float32(HAD_SCALE) * sv[e] * rs + bv[e]
-
-
-def _store_d(d, out, svh, bias, scale, base, bx, by, m0, lane, warp, cfg, sync):
-    """The accumulators out: through the output transform (fused_out, ``sync`` the barrier of
-    the 8 warps holding them), else as K-split partials."""
-    if cutlass.const_expr(cfg.fused_out):
-        _fused_epilogue(d, base, out, svh, bias, scale, bx, m0, warp, lane, cfg, sync)
-    else:
-        for i in range(cfg.acc_regs):
-            row, col = d_fragment_position(warp, lane, i)
-            out[(by * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16 + col] = d[i]
 
 
 @cute.kernel
@@ -538,155 +443,12 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     cp_async_wait(0)
 
     d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
-    _store_d(d, out, svh, bias, scale, base, bx, by, m0, lane, warp, cfg,
-             cute.arch.sync_threads)
-
-
-# ---------------------------------------------------------------------------------------------
-# Warp-specialised form (cfg.producers > 0)
-
-@dsl_user_op
-def _named_barrier(op: str, barrier, threads: int, *, loc=None, ip=None) -> None:
-    """bar.sync / bar.arrive on named barrier ``barrier`` (a run-time value) for ``threads``."""
-    llvm.inline_asm(None, [Int32(barrier).ir_value(loc=loc, ip=ip)],
-                    f"bar.{op} $0, {threads};", "r,~{memory}", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _stmatrix_x4(address, regs, *, loc=None, ip=None) -> None:
-    """Four 8x8 fp16 matrices from the MMA fragment registers (matrix i in regs[i]) to shared
-    memory, lane l giving the address of row l % 8 of matrix l // 8."""
-    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip)]
-                    + [Uint32(r).ir_value(loc=loc, ip=ip) for r in regs],
-                    "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};",
-                    "r,r,r,r,r,~{memory}", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def wgmma_ss(acc, a_desc_lo, b_desc_lo, *, loc=None, ip=None) -> list:
-    """acc += A (64 x 16 from the K-major 128-byte-swizzled descriptor a_desc_lo) @ B (16 x N,
-    likewise b_desc_lo), N = 2 * len(acc), fp32 accumulators (asynchronous, as wgmma_rs)."""
-    return _wgmma_async(acc, a_desc_lo, b_desc_lo, loc, ip)
-
-
-def ws_tile(warp_p, i, cfg):
-    """(n16 tile within the CTA, k16 step within the chunk) of producer warp warp_p's i-th tile:
-    tile q = warp_p + 4 producers * i of the chunk's 8 x K_CHUNK, column-fastest."""
-    q = warp_p + 4 * cfg.producers * i
-    return q % 8, q // 8
-
-
-def a_stage_offset(row, k_segment):
-    """Byte offset, within an A stage, of 16-byte segment ``k_segment`` (8 k) of row ``row``
-    (output column within the CTA's 128): K-major rows of 128 bytes, 128-byte swizzle."""
-    return row * ROW_BYTES + ((k_segment ^ (row % 8)) << 4)
-
-
-def _ws_copies(xw, tw, c, m0, ks0, tn0, b_base, ring, pt, pw, lane, geo, cfg):
-    """Producer thread pt (warp pw): its share of chunk c's activations into B stage
-    c % WS_STAGES and its warp's weight tiles of chunk c into ring slot c % WS_RING; one
-    cp.async group."""
-    _copy_stage_units(xw, m0, ks0 + c * K_CHUNK, b_base + (c % WS_STAGES) * cfg.stage_words * 4,
-                      pt, 128 * cfg.producers, cfg.ws_copy_units, cfg)
-    wsrc = tw.iterator.toint()
-    slot = ring + (c % WS_RING) * cfg.ws_slot_words * 4
-    per_tile = geo.words // 4
-    for p in lane_pieces(lane, cfg.ws_tiles * per_tile):
-        i, q = p // per_tile, p % per_tile
-        j, kk = ws_tile(pw, i, cfg)
-        cp_async_16(slot + p * 16,
-                    wsrc + Int64(((ks0 + c * K_CHUNK + kk) * cfg.n16 + tn0 + j) * geo.words
-                                 + 4 * q) * 4)
-    cp_async_commit()
-
-
-def _ws_decode_chunk(smem, stage, slot_word, funnels, pw, lane, geo, cfg):
-    """Producer warp pw: its tiles of the chunk in ring slot ``slot_word`` decoded into A stage
-    ``stage`` (shared byte address), one stmatrix x4 per tile."""
-    mi, mq = lane // 8, lane % 8          # stmatrix: this lane's matrix and row within it
-    for i in range(cfg.ws_tiles):
-        j, kk = ws_tile(pw, i, cfg)
-        words = load_tile_words(smem, slot_word + i * geo.words, funnels, geo)
-        a = _a_fragment(words, funnels, geo, cfg)
-        row = 16 * j + mq + 8 * (mi % 2)
-        _stmatrix_x4(stage + a_stage_offset(row, 2 * kk + mi // 2), a)
-
-
-@cute.kernel
-def _trellis_wgmma_ws_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
-                             svh: cute.Tensor, bias: cute.Tensor, scale: cute.Tensor,
-                             cfg: cutlass.Constexpr):
-    geo = lane_geometry(cfg.K)
-    tid, lane, warp, (bx, by, bz) = cta_thread_ids()
-    m0 = bz * cfg.m_tile
-    ks0 = by * cfg.k_per_split
-    smem = cutlass.memory.SmemAllocator().allocate_tensor(
-        Uint32, cute.make_layout(cfg.smem_words), SWIZZLE_ATOM_BYTES)
-    base = smem.iterator.toint()
-    nt = cfg.cta_threads
-    stage_bytes = cfg.stage_words * 4
-    if warp >= 4 * cfg.warpgroups:
-        # Producer: chunk c + WS_LEAD's copies (once consumers released its stage), chunk c's
-        # tiles decoded into A stage c % WS_STAGES, full barrier of that stage.
-        inline_ptx(f"setmaxnreg.dec.sync.aligned.u32 {cfg.ws_registers[1]};")
-        funnels = lane_funnels(geo, lane)
-        pt = tid - 128 * cfg.warpgroups
-        pw = warp - 4 * cfg.warpgroups
-        tn0 = bx * cfg.cta_n16
-        a_base = base + WS_STAGES * stage_bytes
-        ring_word = WS_STAGES * (cfg.stage_words + A_STAGE_WORDS) \
-            + pw * WS_RING * cfg.ws_slot_words
-        ring = base + ring_word * 4
-        for j in cutlass.range_constexpr(WS_LEAD):
-            if cutlass.const_expr(j < cfg.chunks):
-                _ws_copies(xw, tw, j, m0, ks0, tn0, base, ring, pt, pw, lane, geo, cfg)
-            else:
-                cp_async_commit()                            # an empty group keeps the count
-        for c in cutlass.range(cfg.chunks):
-            ahead = c + WS_LEAD
-            if ahead < cfg.chunks:
-                if ahead >= WS_STAGES:
-                    _named_barrier("sync", 1 + WS_STAGES + ahead % WS_STAGES, nt)
-                _ws_copies(xw, tw, ahead, m0, ks0, tn0, base, ring, pt, pw, lane, geo, cfg)
-            else:
-                cp_async_commit()                            # an empty group keeps the count
-            cp_async_wait(WS_LEAD)                           # chunk c has landed
-            _ws_decode_chunk(smem, a_base + (c % WS_STAGES) * (A_STAGE_WORDS * 4),
-                             ring_word + (c % WS_RING) * cfg.ws_slot_words, funnels, pw, lane,
-                             geo, cfg)
-            proxy_fence_shared()
-            _named_barrier("arrive", 1 + c % WS_STAGES, nt)
-        cp_async_wait(0)
+    if cutlass.const_expr(cfg.fused_out):
+        _fused_epilogue(d, base, out, svh, bias, scale, bx, m0, warp, lane, cfg)
     else:
-        # Consumer warpgroup h (64 of the CTA's 128 columns): 4 wgmmas per chunk from the
-        # stages, one chunk in flight; the stage of chunk c - 1 released once it retired.
-        inline_ptx(f"setmaxnreg.inc.sync.aligned.u32 {cfg.ws_registers[2]};")
-        h = warp // 4
-        b_desc0 = descriptor_lo(base)
-        a_desc0 = descriptor_lo(base + WS_STAGES * stage_bytes + h * (A_STAGE_WORDS * 2))
-        acc = cute.make_rmem_tensor((cfg.acc_regs,), Float32)
         for i in cutlass.range_constexpr(cfg.acc_regs):
-            acc[i] = Float32(0.0)
-        for c in cutlass.range(cfg.chunks):
-            s = c % WS_STAGES
-            _named_barrier("sync", 1 + s, nt)
-            wgmma_fence()
-            for kk in cutlass.range_constexpr(K_CHUNK):
-                d = wgmma_ss([acc[i] for i in range(cfg.acc_regs)],
-                             a_desc0 + s * (A_STAGE_WORDS * 4 >> 4) + 2 * kk,
-                             b_desc0 + s * (stage_bytes >> 4) + 2 * kk)
-                for i in cutlass.range_constexpr(cfg.acc_regs):
-                    acc[i] = d[i]
-            wgmma_commit()
-            inline_ptx("wgmma.wait_group.sync.aligned 1;")
-            if c >= 1:
-                if c - 1 + WS_STAGES < cfg.chunks:
-                    _named_barrier("arrive", 1 + WS_STAGES + (c - 1) % WS_STAGES, nt)
-        d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
-        _store_d(d, out, svh, bias, scale, base, bx, by, m0, lane, warp, cfg,
-                 lambda: _named_barrier("sync", CONSUMER_BARRIER, 128 * cfg.warpgroups))
+            row, col = d_fragment_position(warp, lane, i)
+            out[(by * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16 + col] = d[i]
 
 
 @cute.jit
@@ -696,13 +458,8 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
     """cutlass_call entry: out is the fp32 partials [splits, m_pad, n], or with fused_out y
     [m_pad, n] (svh f16 [n], bias f16 [n] (any f16 [n] when not biased), scale f32 [m_pad]:
     the input transform's row scales; unused without fused_out)."""
-    if cutlass.const_expr(cfg.producers > 0):
-        _trellis_wgmma_ws_kernel(xw, tw, out, svh, bias, scale, cfg).launch(
-            grid=cfg.grid, block=(cfg.cta_threads, 1, 1), stream=stream, min_blocks_per_mp=1,
-            preferred_smem_carveout=-1)
-    else:
-        _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, cfg).launch(
-            grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
+    _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, cfg).launch(
+        grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
 __all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES",

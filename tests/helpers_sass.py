@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _REG = re.compile(r"\bR(\d+)\b")
@@ -120,7 +119,7 @@ def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
 
 def unfenced_shared_stores(instrs: list[tuple[str, str]]) -> list[str]:
     """Shared-memory writes not fenced to the async proxy (FENCE.VIEW.ASYNC.S) before a barrier
-    that an HGMMA follows (loops unrolled): ordinary stores (STS, STSM), and cp.async copies at the
+    that an HGMMA follows (loops unrolled): ordinary stores (STS), and cp.async copies at the
     wait that completes them (DEPBAR.LE SB0, after LDGSTS). Stores that only ordinary loads
     read after the last HGMMA (an epilogue) need no fence."""
     seq = unrolled(instrs)
@@ -131,7 +130,7 @@ def unfenced_shared_stores(instrs: list[tuple[str, str]]) -> list[str]:
             open_writes.append(ins)
         elif "FENCE.VIEW.ASYNC.S" in ins:
             open_writes = []
-        elif ins.startswith(("BAR.SYNC", "BAR.ARV")):     # a named barrier's arrive publishes
+        elif ins.startswith("BAR.SYNC"):
             if i < last_hgmma:
                 bad += [w for w in open_writes if w not in bad]
             open_writes = []
@@ -153,12 +152,6 @@ def unwaited_async_copies(instrs: list[tuple[str, str]]) -> list[str]:
         elif (ins.startswith("STS") or ins.startswith("EXIT")) and (groups or open_copies):
             bad.append(ins)
     return bad
-
-
-def hgmma_kernels(folder) -> list[list[tuple[str, str]]]:
-    """The disassembled cubins of ``folder`` that issue HGMMAs (the wgmma kernels), by name."""
-    codes = (disassemble(str(p)) for p in sorted(Path(folder).glob("*.cubin")))
-    return [code for code in codes if any("HGMMA" in ins for _, ins in code)]
 
 
 def spilling_cubins(folder) -> dict[str, int]:

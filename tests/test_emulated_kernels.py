@@ -76,12 +76,11 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
     assert not [name for name, s in sections.items() if "error" in s]
     exact = sections["decode_exact"]["result"]
     assert len(exact) == 8
-    for row in exact:      # dequantize, decode (32 rows and m = 1), tiles, wgmma (both forms)
+    for row in exact:      # dequantize, decode (32 rows and m = 1), tiles, wgmma
         assert row["dequant_bit_exact"] and row["mma_bit_exact"], row
         # the prefill weight (rotations folded in): fp16 rounding only, emulated ~5e-4
         assert row["dequant_rotated_ok"] and 1e-5 < row["dequant_rotated_rel"] <= 8e-4, row
         assert row["token_tiles_bit_exact"] and row["wgmma_mismatches"] == 0, row
-        assert row["wgmma_ws_mismatches"] == 0, row
     gemm = sections["gemm"]["result"]
     kinds = {r["plan"] for r in gemm}
     assert {"decode", "decode_ring", "prefill", "prefill_fold", "tiles", "wgmma",
@@ -141,16 +140,11 @@ CASES = [("mcg", 4, 256, 256, 1, None), ("mul1", 3.5, 512, 256, 1, None),
 @pytest.mark.parametrize("arch,env,ms", [
     ("sm_90a", {}, (1, 200)), ("sm_120a", {}, (1, 200)),
     ("sm_90a", {"EXL3_JAX_PAIR_FRAGMENTS": "0"}, (9, 32)),
-    ("sm_90a", {"EXL3_JAX_SPLIT_GROUPS": "3"}, (9, 24)),
-    ("sm_90a", {"EXL3_JAX_WGMMA": "128,2,1,1,4,2"}, (100, 200)),
-    ("sm_90a", {"EXL3_JAX_WGMMA": "64,2,4,0,4,4"}, (100, 200))])
+    ("sm_90a", {"EXL3_JAX_SPLIT_GROUPS": "3"}, (9, 24))])
 def test_dispatch_on_fresh_inputs_through_the_emulated_kernels(rng, arch, env, ms):
     """Both targets' PTX (sm_120a: the RTX PRO 6000's, no wgmma) on inputs drawn fresh; the
     packed kernels' B words as row-major pairs (the opt-out of the "pairs" layout) and 3inst /
-    mcg split pairs over 2-3 token groups (the opt-in split_groups) on the m they serve; the
-    wgmma plan's warp-specialised form (two producer warpgroups with the fused epilogue; four
-    with 4 K-splits, whose CTAs run one chunk at k = 256), whose named barriers, stmatrix and
-    setmaxnreg the interpreter runs."""
+    mcg split pairs over 2-3 token groups (the opt-in split_groups) on the m they serve."""
     cases = [c for c in CASES if (arch == "sm_90a" or c[-1] != "wgmma")
              and ms[0] <= c[4] <= ms[1]]
     seed = int(rng.integers(2**31))

@@ -67,7 +67,6 @@ class TrellisPlan:
     # kernel's default)
     fused_out: bool = False
     weight_ring: int = 0
-    producers: int = 0         # wgmma: the warp-specialised form's producer warpgroups (0: off)
     # prefill: the dequantize kernel folds the rotations into the weight it writes (one XLA dot,
     # no transform kernels); False: it writes W_hat and the transform kernels run around the
     # dot (PREFILL_FOLD_MIN_M)
@@ -189,19 +188,17 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
     the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
     Auto takes it on Hopper for WGMMA_MIN_M <= m <= WGMMA_MAX_M. ``tiling``: (m_tile, warpgroups,
-    splits[, fused_out[, weight_ring[, producers]]]) instead (a tuning aid; fused_out defaults
-    to splits == 1 with two warpgroups; 0 for the ring: the kernel's default; producers > 0:
-    the warp-specialised form, forced only until timed)."""
+    splits[, fused_out[, weight_ring]]) instead (a tuning aid; fused_out defaults to
+    splits == 1 with two warpgroups; 0 for the ring: the kernel's default)."""
     k16, n16 = k // 16, n // 16
     if tiling:
-        if not 3 <= len(tiling) <= 6:
-            raise ValueError(f"a wgmma tiling is m_tile,warpgroups,splits[,fused_out[,ring"
-                             f"[,producers]]], got {tiling}")
+        if not 3 <= len(tiling) <= 5:
+            raise ValueError(f"a wgmma tiling is m_tile,warpgroups,splits[,fused_out[,ring]], "
+                             f"got {tiling}")
         m_tile, warpgroups, splits, *rest = tiling
         fused = bool(rest[0]) if rest else splits == 1 and warpgroups == 2
         return TrellisPlan("wgmma", m, m_tile=m_tile, warps=4 * warpgroups, splits=splits,
-                           fused_out=fused, weight_ring=rest[1] if len(rest) > 1 else 0,
-                           producers=rest[2] if len(rest) > 2 else 0)
+                           fused_out=fused, weight_ring=rest[1] if len(rest) > 1 else 0)
     m_tile = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256
     splits = _token_tile_splits(m, k16, n16, m_tile, 4, sms)
     return TrellisPlan("wgmma", m, m_tile=m_tile, warps=8, splits=splits,

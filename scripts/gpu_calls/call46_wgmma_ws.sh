@@ -1,3 +1,6 @@
+# Ran in session 30 (bench/results/gpu_session30_2026-12-06): the warp-specialised form it
+# validates and times was removed after it (slower everywhere), so its first three steps no
+# longer run on main; the probe steps do (wgmma_probes.patch).
 # Call 46 (~8 min, queued; any H100 / H200): (1) the warp-specialised wgmma form (session 29:
 # producer warpgroups decode into shared A stages by stmatrix, consumer warpgroups issue wgmmas
 # from descriptors; emulated bit for bit against the fp32 reference, compiled without spills)
