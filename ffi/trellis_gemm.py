@@ -8,10 +8,11 @@ Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.pl
      K-split; wgmma plan (Hopper, 25 <= m <= 128): the warpgroup-MMA kernel
      (ffi/trellis_wgmma.py), partials or, with one K-split, y itself (step 3 in its epilogue);
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
-Three launches for a decode step. The prefill plan from PREFILL_FOLD_MIN_M rows has no
-transforms: the dequantize kernel (ffi/trellis_dequant.py) writes the layer's weight itself
-(both Hadamards, suh and svh folded in) as fp16 [k, n], and one XLA dot multiplies fp16(x / s)
-by it (s: prefill_scale); below, the kernel writes W_hat and steps 1 and 3 run around the dot
+Three launches for a decode step. The prefill plan has no transforms where folding is cheaper
+(plans.prefill_folds: weights up to ~60 M at any m, larger ones from ~2000 rows): the
+dequantize kernel (ffi/trellis_dequant.py) writes the layer's weight itself (both Hadamards,
+suh and svh folded in) as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s:
+prefill_scale); elsewhere the kernel writes W_hat and steps 1 and 3 run around the dot
 (TrellisPlan.fold_rotations). One token (m = 1, the batch-1 decode step) runs as one custom
 call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA rotates its own k
 range of the row, and the output transform is chained behind it).
@@ -57,7 +58,7 @@ Environment:
                                               0 = the plan's value for the others; off: direct
                                               loads everywhere (a tuning aid).
   EXL3_JAX_PREFILL_FOLD = 1 | 0               force the prefill plan's fold_rotations (default:
-                                              by m, plans.PREFILL_FOLD_MIN_M).
+                                              plans.prefill_folds).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -760,7 +761,7 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
                              splits=cfg.splits, n=weight.n)
     elif plan.fold_rotations:
         y = prefill_matmul(x2, weight)
-    else:                     # transform kernels around xh @ W_hat (PREFILL_FOLD_MIN_M)
+    else:                     # transform kernels around xh @ W_hat (plans.prefill_folds)
         xh, scale = hadamard_in(x2, weight.suh, m)
         part = rotated_matmul(xh.reshape(m, weight.k), weight, plan)
         y = hadamard_out(part.reshape(-1), weight.svh, weight.bias, scale, m=m, m_pad=m,

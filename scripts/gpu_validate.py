@@ -186,7 +186,7 @@ def forced_plan(m, k, n, kind, codebook=None):
     loads through a RING_SLOTS cp.async ring of at most 2-step chunks (MmaConfig.ring; where the
     kernel's layout allows, else direct loads); "prefill" / "prefill_fold": the prefill plan
     with the transform kernels around W_hat / the rotations folded into the weight, at any m
-    (auto picks by PREFILL_FOLD_MIN_M)."""
+    (auto picks by plans.prefill_folds)."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,

@@ -119,6 +119,21 @@ def test_fragment_pairs_follow_the_tile_permutation():
 # --- plans ---------------------------------------------------------------------------------
 
 
+def test_prefill_fold_rule_matches_the_h100_ab():
+    # Session 30's A/B on the H100 (fold vs transform kernels, K4 mcg): folding won or tied at
+    # every m from 256 on the shapes up to 58.7 M weights, and lost on 8192x28672 below ~1900
+    # rows (+44% at 256, +22% at 512, +9% at 1024, +2% at 1536) while winning at 4096 (-7%).
+    for k, n in ((2048, 768), (4096, 4096)):
+        assert all(plans.prefill_folds(m, k, n) for m in (33, 129, 256, 512, 1536, 4096))
+    for k, n in ((4096, 14336), (14336, 4096)):
+        assert all(plans.prefill_folds(m, k, n) for m in (256, 512, 1024, 1536, 2048, 4096))
+    assert not any(plans.prefill_folds(m, 8192, 28672) for m in (129, 256, 512, 1024, 1536))
+    assert all(plans.prefill_folds(m, 8192, 28672) for m in (2048, 4096))
+    # larger weights need more rows (the transforms' cost grows with m, the folding's not)
+    assert not plans.prefill_folds(2048, 16384, 53248)
+    assert plans.prefill_folds(8192, 16384, 53248)
+
+
 @pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 28672), (2048, 768), (128, 128)])
 @pytest.mark.parametrize("hopper", [False, True])
 def test_plan_selection(k, n, hopper):
@@ -136,8 +151,8 @@ def test_plan_selection(k, n, hopper):
         if hopper and m <= 128:
             assert p == plans.select_plan(m, k, n, force="wgmma")
             continue
-        # the dequantize grid is fixed; the rotations fold into the weight from 2048 rows
-        assert p == plans.TrellisPlan("prefill", m, fold_rotations=m >= 2048)
+        # the dequantize grid is fixed; where the rotations go is prefill_folds' choice
+        assert p == plans.TrellisPlan("prefill", m, fold_rotations=plans.prefill_folds(m, k, n))
     # Static and deterministic: a decode loop at fixed m always gets the same plan (no
     # recompiles), and m = 2..8 share one binary (the kernel config does not contain m; m = 1
     # has its own one-token layout, and above ROW_LINEAR_MAX_WEIGHTS its own ring plan).
@@ -312,7 +327,10 @@ def test_plan_forcing_and_errors(monkeypatch):
     w = random_weight(np.random.default_rng(0), 256, 256, 3, "mcg")
     monkeypatch.setenv(tg.PLAN_ENV, "prefill")
     assert tg.plan_for(4, w).kind == "prefill"
-    # the prefill plan's rotations: folded from 2048 rows, forced either way by the env
+    # the prefill plan's rotations: folded where prefill_folds says (a small weight: always;
+    # with the transforms' fixed cost taken away, from enough rows), forced either way by the env
+    assert tg.plan_for(4, w).fold_rotations
+    monkeypatch.setattr(plans, "FOLD_FREE_WEIGHTS", 0)
     assert not tg.plan_for(4, w).fold_rotations and tg.plan_for(2048, w).fold_rotations
     monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "1")
     assert tg.plan_for(4, w).fold_rotations
@@ -1113,14 +1131,16 @@ def test_trellis_words_is_the_spec_pairing(rng):
 
 # Every template parameter value at least once per arch: each rate K (2..8, 2.5, 3.5), each
 # codebook, both plan kinds, each decode token tile (m_tile 8 / 16 / 24 / 32), each load unroll
-# (1 / 2 / 4 / 8) and K-splits > 1 (the last two cases; the plan picks them from the shape).
+# (1 / 2 / 4 / 8) and K-splits > 1 (the last two cases; the plan picks them from the shape),
+# and both forms of the prefill plan (256x256: the rotations folded into the weight; 8192x28672
+# below ~1900 rows: W_hat and the transform kernels; plans.prefill_folds).
 COMPILE_CASES = [
     ("3inst", 2, 1, "decode"), ("mcg", 3, 16, "decode"), ("mul1", 4, 32, "decode"),
-    ("mcg", 5, 7, "decode"), ("3inst", 6, 40, "prefill"), ("mul1", 7, 2, "decode"),
-    ("mcg", 8, 64, "prefill"), ("mul1", 2.5, 1, "decode"), ("mul1", 3.5, 33, "prefill"),
-    ("3inst", 4, 128, "prefill"), ("mcg", 2, 100, "prefill"), ("mul1", 3, 24, "decode"),
+    ("mcg", 5, 7, "decode"), ("3inst", 6, 40, "prefill", 8192, 28672), ("mul1", 7, 2, "decode"),
+    ("mcg", 8, 64, "prefill"), ("mul1", 2.5, 1, "decode"),
+    ("mul1", 3.5, 33, "prefill", 8192, 28672), ("3inst", 4, 128, "prefill"),
+    ("mcg", 2, 100, "prefill", 8192, 28672), ("mul1", 3, 24, "decode"),
     ("mul1", 4, 1, "decode", 4096, 8192), ("mcg", 3, 8, "decode", 4096, 1024),
-    ("mcg", 4, 2048, "prefill"),        # the prefill plan's folded form (from 2048 rows)
     # one token past the row linear's size: the decode kernel's cp.async ring (K8: 4-step chunks)
     ("mcg", 4, 1, "decode", 8192, 8320), ("mul1", 8, 1, "decode", 8192, 8320),
     # linear groups (q/k/v-like, gate/up-like): split and packed B words
@@ -1142,6 +1162,7 @@ def test_compile_cases_cover_the_plan_parameters():
     assert {p.ring for p in dec} == {0, plans.RING_SLOTS}
     assert {c[1] for c in COMPILE_CASES} == {2, 2.5, 3, 3.5, 4, 5, 6, 7, 8}
     assert {c[0] for c in COMPILE_CASES} == {"3inst", "mcg", "mul1"}
+    assert {p.fold_rotations for p in seen if p.kind == "prefill"} == {False, True}
 
 
 # The mul1 decode kernels' other form (EXL3_JAX_MUL1_BYTESUM, trellis_gemm.MUL1_BYTESUM_ENV):
@@ -1166,9 +1187,9 @@ def test_compile_only_mul1_bytesum(arch, tmp_path):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch, tmp_path):
     # had_in, GEMM kernel, had_out; one token up to ROW_LINEAR_MAX_WEIGHTS (each case has a
-    # row tiling): the row linear's one call of two kernels; prefill from 2048 rows: the
+    # row tiling): the row linear's one call of two kernels; prefill where it folds: the
     # dequantize kernel alone (the rotations are in the weight it writes, XLA runs the dot),
-    # below: had_in, the dequantize kernel (W_hat), had_out. No kernel spills registers to
+    # elsewhere: had_in, the dequantize kernel (W_hat), had_out. No kernel spills registers to
     # local memory (a register cap or a layout change that does is a slowdown no other CPU
     # check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
@@ -1182,7 +1203,7 @@ def test_compile_only(arch, tmp_path):
         one = (row["m"] == 1 and row["plan"] == "decode"
                and row["k"] * row["n"] <= plans.ROW_LINEAR_MAX_WEIGHTS)
         assert not one or row_plan(row["codebook"], row["K"], row["k"], row["n"], members)
-        folded = row["plan"] == "prefill" and row["m"] >= plans.PREFILL_FOLD_MIN_M
+        folded = row["plan"] == "prefill" and plans.prefill_folds(row["m"], row["k"], row["n"])
         assert row["custom_call"] and row["calls"] == (1 if one or folded else 3), row
         if one:
             assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row

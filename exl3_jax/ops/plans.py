@@ -43,11 +43,16 @@ WGMMA_MIN_M, WGMMA_MAX_M = 25, 128
 ROW_LINEAR_MAX_WEIGHTS = 1 << 26
 RING_SLOTS, RING_UNROLL = 3, 8
 RING_CTAS_PER_SM = 3       # the ring's resident CTAs at K4 (60 KB of shared memory each)
-# The prefill plan folds the rotations into the dequantized weight from this m (H100, session
-# 24, 8192x28672 K4: folded 0.9x -> fewer us than the transform kernels at m = 4096, -4 to
-# -11%, but +9% at m = 1024, where the folding kernel's extra ~75 us outweighs the transforms
-# of 1024 rows).
-PREFILL_FOLD_MIN_M = 2048
+# The prefill plan folds the rotations into the dequantized weight where that costs less than
+# the transform kernels around the dot (prefill_folds). Fitted on the H100 (session 30: fold vs
+# transforms at m = 256..4096 on five shapes, 1.6 M to 235 M weights, K4 mcg; K3 and mul1 at
+# 8192x28672 alike): folding adds ~0.84 ns per weight to the dequantize kernel, the transforms
+# cost ~40 us of launches and passes plus ~2.3 ps per row element, m x (k + n). In weights:
+# fold when k * n <= FOLD_FREE_WEIGHTS + FOLD_WEIGHTS_PER_ROW_ELEMENT * m * (k + n), so up to
+# 50 M weights always, 4096x14336 from m ~ 170 (-1 to -21% at m = 256..4096), 8192x28672 from
+# m ~ 1800 (+44% at m = 256, +9% at 1024, +2% at 1536, within 2% at 2048, -7% at 4096).
+FOLD_FREE_WEIGHTS = 50_000_000
+FOLD_WEIGHTS_PER_ROW_ELEMENT = 2.75
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +74,7 @@ class TrellisPlan:
     weight_ring: int = 0
     # prefill: the dequantize kernel folds the rotations into the weight it writes (one XLA dot,
     # no transform kernels); False: it writes W_hat and the transform kernels run around the
-    # dot (PREFILL_FOLD_MIN_M)
+    # dot (prefill_folds)
     fold_rotations: bool = True
 
 
@@ -145,10 +150,17 @@ def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
                  fold_rotations: bool | None = None) -> TrellisPlan:
     """Dequantize + XLA dot plan (any m; used for m > 32). The dequantize kernel's grid is
     fixed (one CTA per 128 x 128 block, ffi/trellis_dequant.py); the one choice is where the
-    rotations go (``fold_rotations``, by default from m: PREFILL_FOLD_MIN_M)."""
+    rotations go (``fold_rotations``, by default prefill_folds)."""
     if fold_rotations is None:
-        fold_rotations = m >= PREFILL_FOLD_MIN_M
+        fold_rotations = prefill_folds(m, k, n)
     return TrellisPlan("prefill", m, fold_rotations=fold_rotations)
+
+
+def prefill_folds(m: int, k: int, n: int) -> bool:
+    """Whether the prefill plan folds the rotations into the [k, n] weight for m rows: where
+    the folding's cost (per weight) is below the transform kernels' (fixed, plus per row
+    element); constants and measurements at FOLD_FREE_WEIGHTS."""
+    return k * n <= FOLD_FREE_WEIGHTS + FOLD_WEIGHTS_PER_ROW_ELEMENT * m * (k + n)
 
 
 def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int,
