@@ -25,7 +25,7 @@ from exl3_jax.trellis import Exl3Weight
 
 ROOT = Path(__file__).resolve().parents[1]
 K_IN, N_OUT, RATE, CB = 256, 384, 2, "mcg"
-MS = (1, 40, 200)              # a decode-, a wgmma- (sm_90a, 25 <= m <= 128) and a prefill-plan
+MS = (1, 40, 300)              # a decode-, a wgmma- (sm_90a, 25 <= m <= 256 here) and a prefill-plan
                                # artifact
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 pytestmark = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl not installed")
@@ -65,7 +65,7 @@ def test_manifest_and_artifacts(aot_dir, monkeypatch):
         plan = aot.resolve_plan(r["m"], K_IN, N_OUT)
         assert r["arch"] == "sm_90a" and 90 in r["sms"], r
         assert r["plan"] == dataclasses.asdict(plan)
-        assert r["plan"]["kind"] == {1: "decode", 40: "wgmma", 200: "prefill"}[r["m"]]
+        assert r["plan"]["kind"] == {1: "decode", 40: "wgmma", 300: "prefill"}[r["m"]]
         assert r["key"] == aot.linear_key(K_IN, N_OUT, RATE, CB, r["m"], jnp.float16, False,
                                           plan)
         exp = aot.load(str(aot_dir / r["file"]))
@@ -104,7 +104,7 @@ def lower(lead):
         sds((K_IN,), jnp.float16), sds((N_OUT,), jnp.float16))
     return exp.mlir_module().count(aot.CUSTOM_CALL_PREFIX), exp.out_avals[0].shape
 
-out = dict(decode=lower((1,)), wgmma=lower((5, 8)), prefill=lower((5, 40)))
+out = dict(decode=lower((1,)), wgmma=lower((5, 8)), prefill=lower((5, 60)))
 try:
     lower((2,))
     out["miss"] = "no error"
@@ -120,7 +120,7 @@ print("RESULT " + json.dumps(out))
 def test_dispatch_lowers_to_artifacts_without_cutlass(aot_dir):
     # With EXL3_JAX_AOT_DIR the dispatch op (what Exl3Linear calls) lowers for CUDA from the
     # artifacts alone: padded input (200 -> 256) and trimmed output, leading axes flattened to
-    # m = 1 (decode), m = 40 (wgmma) and m = 200 (prefill); an m with no artifact is a clear
+    # m = 1 (decode), m = 40 (wgmma) and m = 300 (prefill); an m with no artifact is a clear
     # error naming the export command, since the process cannot compile kernels.
     env = dict(os.environ, JAX_PLATFORMS="cpu", CUTE_DSL_ARCH="sm_90a",
                **{aot.AOT_DIR_ENV: str(aot_dir)})
@@ -131,7 +131,7 @@ def test_dispatch_lowers_to_artifacts_without_cutlass(aot_dir):
     out = json.loads(proc.stdout.split("RESULT ")[-1])
     assert out["decode"] == [1, [1, N_OUT - 10]]        # m = 1: the row linear's one call
     assert out["wgmma"] == [3, [5, 8, N_OUT - 10]]       # 4 K-splits: had_in, GEMM, had_out
-    assert out["prefill"] == [1, [5, 40, N_OUT - 10]]    # dequantize, rotations folded in
+    assert out["prefill"] == [1, [5, 60, N_OUT - 10]]    # dequantize, rotations folded in
     assert "build_aot.py" in out["miss"] and "m=2|" in out["miss"] and "--m 2" in out["miss"]
     assert (out["hits"], out["misses"], out["cutlass"]) == (3, 1, False)
 

@@ -137,7 +137,8 @@ def test_prefill_fold_rule_matches_the_h100_ab():
 @pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 28672), (2048, 768), (128, 128)])
 @pytest.mark.parametrize("hopper", [False, True])
 def test_plan_selection(k, n, hopper):
-    # Auto: decode up to 32 rows and prefill above; on Hopper wgmma for 25..128 rows.
+    # Auto: decode up to 32 rows and prefill above; on Hopper wgmma for 25..128 rows, 25..256
+    # for weights up to WGMMA_WIDE_MAX_WEIGHTS.
     for m in (1, 2, 7, 8, 9, 16, 17, 24, 25, 31, 32):
         p = plans.select_plan(m, k, n, hopper=hopper)
         if hopper and m >= 25:
@@ -146,9 +147,10 @@ def test_plan_selection(k, n, hopper):
         assert p.kind == "decode" and p.m_tile == -(-m // 8) * 8 and p.m_tile >= m
         assert (k // 16) % p.splits == 0 and (n // 16) % p.n_tiles == 0
         assert (k // 16) // p.splits >= p.warps      # every warp gets k16 tiles
-    for m in (33, 128, 129, 1000, 4096):
+    wgmma_max = 256 if k * n <= 60 << 20 else 128
+    for m in (33, 128, 129, 256, 257, 1000, 4096):
         p = plans.select_plan(m, k, n, hopper=hopper)
-        if hopper and m <= 128:
+        if hopper and m <= wgmma_max:
             assert p == plans.select_plan(m, k, n, force="wgmma")
             continue
         # the dequantize grid is fixed; where the rotations go is prefill_folds' choice
@@ -186,13 +188,16 @@ def test_tiles_plan(k, n, m):
 
 
 @pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096), (8192, 28672), (128, 128)])
-@pytest.mark.parametrize("m", [16, 32, 33, 64, 65, 128, 1000, 2049, 4096])
+@pytest.mark.parametrize("m", [16, 32, 33, 64, 65, 128, 200, 256, 257, 1000, 2049, 4096])
 def test_wgmma_plan(k, n, m):
     # Token tiles of 32 / 64 / 128 / 256 (wgmma's N), two warpgroups of 64 columns, whole 4-step
     # chunks per split, the fewest splits giving one CTA per SM; auto only on Hopper.
     assert plans.select_plan(m, k, n).kind == ("decode" if m <= 32 else "prefill")
+    # (session 30's H100 A/B: up to 256 rows for 4096x14336 and 14336x4096, 128 for the
+    # 235 M weights of 8192x28672)
+    wgmma_max = 128 if k * n == 8192 * 28672 else 256
     assert plans.select_plan(m, k, n, hopper=True).kind == (
-        "wgmma" if 25 <= m <= 128 else "decode" if m <= 32 else "prefill")
+        "wgmma" if 25 <= m <= wgmma_max else "decode" if m <= 32 else "prefill")
     p = plans.select_plan(m, k, n, force="wgmma")
     assert p.kind == "wgmma" and p.warps == 8
     assert p.m_tile == (32 if m <= 32 else 64 if m <= 64 else 128 if m <= 2048 else 256)

@@ -10,9 +10,10 @@ Plan kinds:
   * "tiles" (forced only: slower than prefill and wgmma on the H200, session 20; the sm_120a
     path for 32 < m once measured there): the large-token-tile MMA kernel
     (ffi/trellis_tiles.py): each weight tile decoded once per 64 or 128 tokens.
-  * "wgmma" (Hopper, WGMMA_MIN_M <= m <= WGMMA_MAX_M): the same decode-once-per-token-tile
-    scheme on the warpgroup MMA (ffi/trellis_wgmma.py), token tiles of 32-256.
-  * "prefill" (m > DECODE_MAX_M, and m > WGMMA_MAX_M on Hopper): the dequantize kernel writes
+  * "wgmma" (Hopper, WGMMA_MIN_M <= m <= WGMMA_MAX_M, or WGMMA_WIDE_MAX_M for weights up to
+    WGMMA_WIDE_MAX_WEIGHTS): the same decode-once-per-token-tile scheme on the warpgroup MMA
+    (ffi/trellis_wgmma.py), token tiles of 32-256.
+  * "prefill" (m > DECODE_MAX_M, and past the wgmma range on Hopper): the dequantize kernel writes
     the layer's weight (fp16, rotations and scales folded in) and XLA runs the GEMM. At
     m >= 1024 it beat the token-tile kernels on the H200 (0.7x bf16 against 0.4-0.5x, with the
     transforms still separate; bench/NOTES.md, session 20).
@@ -34,6 +35,11 @@ TILES_MAX_SPLITS = 16
 # m = 25 (m = 16: decode 31.5 vs 36.0 us, so decode keeps m <= 24); at m = 64 and 128 it tied
 # or beat the prefill plan by up to 16%; at m = 1024 prefill was 1.5x faster.
 WGMMA_MIN_M, WGMMA_MAX_M = 25, 128
+# ... and up to WGMMA_WIDE_MAX_M rows for weights of at most WGMMA_WIDE_MAX_WEIGHTS (H100,
+# session 30, K4 mcg, against the prefill plan with its rotations folded: 4096x4096, 4096x14336
+# and 14336x4096 -10 to -25% at m = 192 and 256, +2 to +20% at 384, +7 to +14% at 512;
+# 8192x28672 +22 to +34% at every m from 192, so larger weights hand over at 128).
+WGMMA_WIDE_MAX_M, WGMMA_WIDE_MAX_WEIGHTS = 256, 60 << 20
 # One token (m = 1): linears of up to ROW_LINEAR_MAX_WEIGHTS weights run the row linear
 # (ffi/trellis_linear.py: the input rotation in the decode kernel's prologue); larger ones the
 # decode kernel with its loads through a cp.async ring of RING_SLOTS chunk slots per warp and
@@ -228,14 +234,16 @@ def tiled_plan(kind: str, m: int, k: int, n: int, tiling: str) -> TrellisPlan:
 
 
 def plan_kind(m: int, force: str | None = None, kinds: tuple = PLAN_KINDS, *,
-              hopper: bool = False) -> str:
-    """``force`` if given (checked against ``kinds``), else "wgmma" for WGMMA_MIN_M <= m <=
-    WGMMA_MAX_M rows on Hopper (``hopper``), "decode" for m <= DECODE_MAX_M and "prefill"
-    above; shared by the dense and the MoE plans (which have neither "tiles" nor "wgmma" and
-    pass no ``hopper``)."""
+              hopper: bool = False, weights: int = 0) -> str:
+    """``force`` if given (checked against ``kinds``), else "wgmma" on Hopper (``hopper``) for
+    WGMMA_MIN_M <= m <= WGMMA_MAX_M rows, or WGMMA_WIDE_MAX_M for a weight of 1 to
+    WGMMA_WIDE_MAX_WEIGHTS ``weights`` (k * n; 0: not known), "decode" for m <= DECODE_MAX_M
+    and "prefill" above; shared by the dense and the MoE plans (which have neither "tiles" nor
+    "wgmma" and pass no ``hopper``)."""
+    wide = 0 < weights <= WGMMA_WIDE_MAX_WEIGHTS
     if force:
         kind = force
-    elif hopper and WGMMA_MIN_M <= m <= WGMMA_MAX_M:
+    elif hopper and WGMMA_MIN_M <= m <= (WGMMA_WIDE_MAX_M if wide else WGMMA_MAX_M):
         kind = "wgmma"
     else:
         kind = "decode" if m <= DECODE_MAX_M else "prefill"
@@ -255,7 +263,7 @@ def select_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
         raise ValueError(f"m must be >= 1, got {m}")
     if k % 128 or n % 128:
         raise ValueError(f"k={k}, n={n} must be multiples of 128")
-    kind = plan_kind(m, force, hopper=hopper)
+    kind = plan_kind(m, force, hopper=hopper, weights=k * n)
     if kind == "decode":
         return decode_plan(m, k, n, sms=sms, ring=hopper, codebook=codebook)
     if kind == "tiles":
