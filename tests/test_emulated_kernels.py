@@ -140,11 +140,13 @@ CASES = [("mcg", 4, 256, 256, 1, None), ("mul1", 3.5, 512, 256, 1, None),
 @pytest.mark.parametrize("arch,env,ms", [
     ("sm_90a", {}, (1, 200)), ("sm_120a", {}, (1, 200)),
     ("sm_90a", {"EXL3_JAX_PAIR_FRAGMENTS": "0"}, (9, 32)),
-    ("sm_90a", {"EXL3_JAX_SPLIT_GROUPS": "3"}, (9, 24))])
+    ("sm_90a", {"EXL3_JAX_SPLIT_GROUPS": "3"}, (9, 24)),
+    ("sm_90a", {"EXL3_JAX_WGMMA": "256,2,1"}, (200, 200))])
 def test_dispatch_on_fresh_inputs_through_the_emulated_kernels(rng, arch, env, ms):
     """Both targets' PTX (sm_120a: the RTX PRO 6000's, no wgmma) on inputs drawn fresh; the
-    packed kernels' B words as row-major pairs (the opt-out of the "pairs" layout) and 3inst /
-    mcg split pairs over 2-3 token groups (the opt-in split_groups) on the m they serve."""
+    packed kernels' B words as row-major pairs (the opt-out of the "pairs" layout), 3inst /
+    mcg split pairs over 2-3 token groups (the opt-in split_groups) on the m they serve, and
+    the wgmma plan's 256-token tile over 200 rows (padded, the fused epilogue)."""
     cases = [c for c in CASES if (arch == "sm_90a" or c[-1] != "wgmma")
              and ms[0] <= c[4] <= ms[1]]
     seed = int(rng.integers(2**31))
