@@ -14,7 +14,8 @@ Plan kinds:
     WGMMA_WIDE_MAX_WEIGHTS): the same decode-once-per-token-tile scheme on the warpgroup MMA
     (ffi/trellis_wgmma.py), token tiles of 32-256.
   * "prefill" (m > DECODE_MAX_M, and past the wgmma range on Hopper): the dequantize kernel writes
-    the layer's weight (fp16, rotations and scales folded in) and XLA runs the GEMM. At
+    the layer's weight (fp16; the rotations folded in where prefill_folds says, else the
+    transform kernels around the dot) and XLA runs the GEMM. At
     m >= 1024 it beat the token-tile kernels on the H200 (0.7x bf16 against 0.4-0.5x, with the
     transforms still separate; bench/NOTES.md, session 20).
 """
@@ -205,7 +206,7 @@ def wgmma_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
     warpgroups of 64 columns per CTA (``warps`` = 8), and the fewest K-splits (whole chunks of
     4 k16 steps, at most TILES_MAX_SPLITS) that give a grid of one CTA per SM; with one split
     the output transform runs in the kernel's epilogue (``fused_out``: no fp32 partials pass).
-    Auto takes it on Hopper for WGMMA_MIN_M <= m <= WGMMA_MAX_M. ``tiling``: (m_tile, warpgroups,
+    Auto takes it on Hopper in plan_kind's range. ``tiling``: (m_tile, warpgroups,
     splits[, fused_out[, weight_ring]]) instead (a tuning aid; fused_out defaults to
     splits == 1 with two warpgroups; 0 for the ring: the kernel's default)."""
     k16, n16 = k // 16, n // 16
