@@ -420,8 +420,18 @@ def main_moe(argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    """`bench linear` (default) or `bench moe`: a leading "linear" / "moe" word picks one."""
+    """`bench linear` (default) or `bench moe`: a leading "linear" / "moe" word picks one.
+    Without a CUDA device (and without EXL3_JAX_EMULATE, whose timings mean nothing) it stops
+    at once with an error that says so, instead of one failed row per shape."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from . import emulate
+    if not {"-h", "--help"} & set(argv) and jax.default_backend() != "gpu" \
+            and not emulate.enabled():
+        print(f"exl3-jax bench: no CUDA device (JAX's backend is {jax.default_backend()}); "
+              f"the benchmarks time the GPU kernels. {emulate.EMULATE_ENV}=1 runs them through "
+              "the PTX interpreter on the CPU instead (a smoke test: its timings mean nothing)",
+              file=sys.stderr)
+        return 2
     if argv and argv[0] == "moe":
         return main_moe(argv[1:])
     if argv and argv[0] == "linear":

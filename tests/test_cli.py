@@ -27,3 +27,15 @@ def test_inspect_reports_bad_checkpoint(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "unknown quant_method 'awq'" in err and "config.json" in err
+
+
+def test_bench_without_a_gpu_stops_with_a_clear_error(capsys, monkeypatch):
+    # CI has no CUDA device: both benchmarks refuse at once (exit 2) and say why and what
+    # the CPU alternative is, rather than timing nothing shape by shape.
+    import jax
+    monkeypatch.delenv("EXL3_JAX_EMULATE", raising=False)
+    assert jax.default_backend() == "cpu"
+    for what in ("linear", "moe"):
+        assert main(["bench", what, "--m", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "no CUDA device" in err and "backend is cpu" in err and "EXL3_JAX_EMULATE=1" in err
