@@ -7,6 +7,7 @@ happen inside the command so ``exl3-jax --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -54,6 +55,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     if args.model is None:
         args.model = str(_default_model())
+    _require_dir(args.model)
     tok = Tokenizer.from_dir(args.model)
     model = _load(args)
     if tok.chat_template and not args.raw:
@@ -96,12 +98,21 @@ def cmd_ppl(args: argparse.Namespace) -> int:
     from .generate import perplexity
     from .tokenizer import Tokenizer
 
-    text = open(args.text, encoding="utf-8").read()
+    _require_dir(args.model)
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
     ids = Tokenizer.from_dir(args.model).encode(text)
     model = _load(args)
     ppl, n = perplexity(model, ids, ctx=args.ctx, max_windows=args.max_windows)
     print(f"perplexity {ppl:.4f} over {n} predicted tokens (ctx {args.ctx})")
     return 0
+
+
+def _require_dir(path: str) -> None:
+    """A model argument names a directory; say so before any file inside it is looked for."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path} does not exist" if not
+                                os.path.exists(path) else f"{path} is not a directory")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -216,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (Exl3FormatError, FileExistsError, NotImplementedError, ValueError) as e:
+    except (Exl3FormatError, OSError, NotImplementedError, ValueError) as e:
         print(f"exl3-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -39,3 +39,15 @@ def test_bench_without_a_gpu_stops_with_a_clear_error(capsys, monkeypatch):
         assert main(["bench", what, "--m", "1"]) == 2
         err = capsys.readouterr().err
         assert "no CUDA device" in err and "backend is cpu" in err and "EXL3_JAX_EMULATE=1" in err
+
+
+def test_missing_model_and_text_files_are_clear_errors(tmp_path, capsys):
+    # No traceback: the path that is missing is named, exit status 2.
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
+    assert f"model directory {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["ppl", str(tmp_path / "file"), "--text", "t.txt"]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["ppl", str(tmp_path), "--text", str(tmp_path / "absent.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "exl3-jax ppl: error" in err and "absent.txt" in err
