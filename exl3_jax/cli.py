@@ -141,6 +141,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     from .quant.convert import RichProgress, convert_hf
 
+    _require_dir(args.source)
     console = Console(stderr=True)
     bits = int(args.bits) if args.bits == int(args.bits) else args.bits
     head_bits = int(args.head_bits) if args.head_bits == int(args.head_bits) else args.head_bits

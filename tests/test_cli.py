@@ -51,3 +51,6 @@ def test_missing_model_and_text_files_are_clear_errors(tmp_path, capsys):
     assert main(["ppl", str(tmp_path), "--text", str(tmp_path / "absent.txt")]) == 2
     err = capsys.readouterr().err
     assert "exl3-jax ppl: error" in err and "absent.txt" in err
+    assert main(["quantize", str(tmp_path / "src"), str(tmp_path / "out"), "--bits", "4"]) == 2
+    assert f"model directory {tmp_path / 'src'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
