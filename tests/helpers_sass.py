@@ -94,7 +94,6 @@ def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
     bad = []
     written_since_arrive: set[int] = set()
     for ins in unrolled(instrs):
-        pending = [h for g in groups for h in g]
         if "HGMMA" in ins:
             acc, a = _hgmma_regs(ins)
             if a & written_since_arrive:
@@ -112,7 +111,7 @@ def async_register_breaches(instrs: list[tuple[str, str]]) -> list[str]:
             regs = {int(r) for r in _REG.findall(ins)}
             dest = destinations(ins)
             written_since_arrive |= dest
-            if any(dest & a or regs & acc for acc, a in pending):
+            if any(dest & a or regs & acc for g in groups for acc, a in g):   # not retired
                 bad.append(ins)
     return bad
 

@@ -25,8 +25,8 @@ from exl3_jax.trellis import Exl3Weight
 
 ROOT = Path(__file__).resolve().parents[1]
 K_IN, N_OUT, RATE, CB = 256, 384, 2, "mcg"
-MS = (1, 40, 300)              # a decode-, a wgmma- (sm_90a, 25 <= m <= 256 here) and a prefill-plan
-                               # artifact
+MS = (1, 40, 300)              # a decode-, a wgmma- (sm_90a, 25 <= m <= 256 here) and a
+                               # prefill-plan artifact
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 pytestmark = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl not installed")
 

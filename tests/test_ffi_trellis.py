@@ -147,7 +147,8 @@ def test_plan_selection(k, n, hopper):
         assert p.kind == "decode" and p.m_tile == -(-m // 8) * 8 and p.m_tile >= m
         assert (k // 16) % p.splits == 0 and (n // 16) % p.n_tiles == 0
         assert (k // 16) // p.splits >= p.warps      # every warp gets k16 tiles
-    wgmma_max = 256 if k * n <= 60 << 20 else 128
+    wgmma_max = (plans.WGMMA_WIDE_MAX_M if k * n <= plans.WGMMA_WIDE_MAX_WEIGHTS
+                 else plans.WGMMA_MAX_M)
     for m in (33, 128, 129, 256, 257, 1000, 4096):
         p = plans.select_plan(m, k, n, hopper=hopper)
         if hopper and m <= wgmma_max:
@@ -1269,8 +1270,7 @@ def test_compile_only_wgmma_kernels(tmp_path):
         waits = {int(ins.split(",")[-1], 16) for _, ins in code
                  if "WARPGROUP.DEPBAR.LE" in ins} - {0}
         assert waits == {1}, waits
-        groups = [ins for _, ins in code if "HGMMA" in ins]
-        assert ["gsb0" in ins for ins in groups[:tw.STEP_BATCH]] == [False] * (
+        assert ["gsb0" in ins for ins in hgmma[:tw.STEP_BATCH]] == [False] * (
             tw.STEP_BATCH - 1) + [True]
         assert helpers_sass.async_register_breaches(code) == []
         assert helpers_sass.unfenced_shared_stores(code) == []
