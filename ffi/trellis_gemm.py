@@ -5,7 +5,7 @@
 Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.plans):
   1. input transform kernel (ffi/hadamard.py): xh = fp16(had128(x * suh)), fp32 math;
   2. decode plan (m <= 32): the decode+MMA kernel (ffi/trellis_mma.py) -> fp32 partials per
-     K-split; wgmma plan (Hopper, 25 <= m <= 128, or 256 for weights up to 60 Mi): the
+     K-split; wgmma plan (Hopper, 25 <= m <= 128, or 256 for weights up to 128 Mi): the
      warpgroup-MMA kernel (ffi/trellis_wgmma.py), partials or, with one K-split, y itself
      (step 3 in its epilogue);
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.

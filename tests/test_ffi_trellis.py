@@ -134,7 +134,8 @@ def test_prefill_fold_rule_matches_the_h100_ab():
     assert plans.prefill_folds(8192, 16384, 53248)
 
 
-@pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 28672), (2048, 768), (128, 128)])
+@pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 8192), (8192, 28672), (2048, 768),
+                                 (128, 128)])
 @pytest.mark.parametrize("hopper", [False, True])
 def test_plan_selection(k, n, hopper):
     # Auto: decode up to 32 rows and prefill above; on Hopper wgmma for 25..128 rows, 25..256

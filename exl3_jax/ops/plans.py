@@ -39,8 +39,10 @@ WGMMA_MIN_M, WGMMA_MAX_M = 25, 128
 # ... and up to WGMMA_WIDE_MAX_M rows for weights of at most WGMMA_WIDE_MAX_WEIGHTS (H100,
 # session 30, K4 mcg, against the prefill plan with its rotations folded: 4096x4096, 4096x14336
 # and 14336x4096 -10 to -25% at m = 192 and 256, +2 to +20% at 384, +7 to +14% at 512;
-# 8192x28672 +22 to +34% at every m from 192, so larger weights hand over at 128).
-WGMMA_WIDE_MAX_M, WGMMA_WIDE_MAX_WEIGHTS = 256, 60 << 20
+# 8192x28672 +22 to +34% at every m from 192, so larger weights hand over at 128; session 31:
+# 8192x8192, 67 M weights, -21 to -24% at 160-256, and K3 mcg / K4 mul1 on the 59 M shapes -3 to
+# -27%; the bound sits between 67 M and 235 M, unmeasured, so at about their geometric mean).
+WGMMA_WIDE_MAX_M, WGMMA_WIDE_MAX_WEIGHTS = 256, 128 << 20
 # One token (m = 1): linears of up to ROW_LINEAR_MAX_WEIGHTS weights run the row linear
 # (ffi/trellis_linear.py: the input rotation in the decode kernel's prologue); larger ones the
 # decode kernel with its loads through a cp.async ring of RING_SLOTS chunk slots per warp and
