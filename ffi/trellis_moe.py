@@ -80,6 +80,7 @@ from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_
                           load_chunk, load_chunk_weights, load_chunk_x_words, mma_chunk,
                           mul1_affine, mul1_sums, store_chunk, summed_fragment,
                           zero_accumulators)
+from .trellis_wgmma import WgmmaGemmConfig, launch_grouped_wgmma
 
 PLAN_ENV = "EXL3_JAX_MOE_PLAN"
 FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
@@ -125,6 +126,7 @@ class GroupedMmaConfig(MmaTiling):
 
     mul1_split = True        # the k loops apply trellis_mma.mul1_affine
     nibble_extraction = True  # K = 4 by LaneGeometry.nibble_plan (MmaTiling: -4% at m = 1, 4)
+    wgmma = False            # launch_moe_layer: this kernel, not the grouped wgmma one
 
     @property
     def x_layout(self) -> str:
@@ -180,6 +182,29 @@ class GroupedMmaConfig(MmaTiling):
                self.splits * self.planes * self.rows * self.n) >= 2**31:
             raise ValueError("tensor too large for 32-bit indexing")
         return self
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedWgmmaConfig(WgmmaGemmConfig):
+    """One grouped GEMM of a "wgmma" plan (Hopper): the dense wgmma kernel's grouped form
+    (trellis_wgmma: experts > 0), blocks of m_tile rows (32 or 64) as its token tiles, one slab,
+    row-major activations, fp32 partials [splits, planes, rows, n] as GroupedMmaConfig's."""
+    wgmma = True
+    tiers = ()
+    rotate_in = False
+    x_layout = "rows"
+
+    @property
+    def block_m(self) -> int:
+        return self.m_tile
+
+    @property
+    def blocks(self) -> int:
+        return self.m_blocks
+
+    @property
+    def rows(self) -> int:
+        return self.m_pad
 
 
 @cute.kernel
@@ -330,9 +355,13 @@ def launch_grouped_mma(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tens
                        tw2: cute.Tensor, bexp: cute.Tensor, etier: cute.Tensor,
                        eslot: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
     """cutlass_call entry: one slab passes its trellis as tw0..tw2 and bexp as etier / eslot
-    (never read); tiers pass their slabs (the last repeated) and the expert -> tier, slot maps."""
-    _grouped_mma_kernel(xw, tw0, tw1, tw2, bexp, etier, eslot, out, xw, xw, xw, cfg).launch(
-        grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
+    (never read); tiers pass their slabs (the last repeated) and the expert -> tier, slot maps.
+    A GroupedWgmmaConfig (one slab) runs the grouped wgmma kernel on tw0."""
+    if cutlass.const_expr(cfg.wgmma):
+        launch_grouped_wgmma(xw, tw0, bexp, out, cfg, stream)
+    else:
+        _grouped_mma_kernel(xw, tw0, tw1, tw2, bexp, etier, eslot, out, xw, xw, xw, cfg).launch(
+            grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,16 +587,23 @@ def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tens
     if cutlass.const_expr(not cfg.fc1.rotate_in):
         _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
             grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
-    _grouped_mma_kernel(cute.recast_tensor(xh, Uint32), t13a, t13b, t13c, bexp, etier, eslot,
-                        part1, x, suh13, scale1, cfg.fc1).launch(
-        grid=cfg.fc1.grid, block=(cfg.fc1.threads, 1, 1), stream=stream,
-        use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
+    # (A grouped wgmma kernel is an ordinary launch: it has no griddepcontrol of its own.)
+    if cutlass.const_expr(cfg.fc1.wgmma):
+        launch_grouped_wgmma(cute.recast_tensor(xh, Uint32), t13a, bexp, part1, cfg.fc1, stream)
+    else:
+        _grouped_mma_kernel(cute.recast_tensor(xh, Uint32), t13a, t13b, t13c, bexp, etier,
+                            eslot, part1, x, suh13, scale1, cfg.fc1).launch(
+            grid=cfg.fc1.grid, block=(cfg.fc1.threads, 1, 1), stream=stream,
+            use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
     _activation_kernel(part1, svh13, suh2, rtok, rexp, scale1, xscale, xh2, scale2,
                        cfg.act).launch(
         grid=cfg.act.in_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
-    _grouped_mma_kernel(cute.recast_tensor(xh2, Uint32), t2a, t2b, t2c, bexp, etier, eslot,
-                        part2, x, suh13, scale2, cfg.fc2).launch(
-        grid=cfg.fc2.grid, block=(cfg.fc2.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
+    if cutlass.const_expr(cfg.fc2.wgmma):
+        launch_grouped_wgmma(cute.recast_tensor(xh2, Uint32), t2a, bexp, part2, cfg.fc2, stream)
+    else:
+        _grouped_mma_kernel(cute.recast_tensor(xh2, Uint32), t2a, t2b, t2c, bexp, etier,
+                            eslot, part2, x, suh13, scale2, cfg.fc2).launch(
+            grid=cfg.fc2.grid, block=(cfg.fc2.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
     _combine_kernel(part2, svh2, rexp, route_row, weights, scale2, y, cfg.combine).launch(
         grid=(cfg.combine.blocks, 1, 1), block=(32 * cfg.combine.top_k, 1, 1), stream=stream,
         use_pdl=cfg.pdl)
@@ -591,6 +627,10 @@ def grouped_config(weights, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
     planes = stack[0] if len(stack) == 2 else 1
     tiers = () if isinstance(weights, Exl3Weight) else tuple(
         (t.codebook, t.K, t.stack_shape[-1]) for t in slabs)
+    if plan.kind == "wgmma" and not tiers:    # (tier slabs keep the mma.sync kernel)
+        return GroupedWgmmaConfig(codebook=w.codebook, K=w.K, m_blocks=plan.blocks, k=w.k,
+                                  n=w.n, m_tile=plan.block_m, experts=stack[-1],
+                                  planes=planes).validate()
     return GroupedMmaConfig(codebook=w.codebook, K=w.K,
                             experts=plan.experts if tiers else stack[-1], planes=planes,
                             k=w.k, n=w.n, block_m=plan.block_m, blocks=plan.blocks,
@@ -648,8 +688,10 @@ def plan_for(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
     """The launch plan of one call (padded hidden / intermediate sizes; experts: the layer's
     global E); force: a plan kind, else $EXL3_JAX_MOE_PLAN, else auto."""
     force = force or os.environ.get(PLAN_ENV, "auto") or "auto"
+    from .aot import device_arch
     plan = moe_plan(tokens, top_k, experts, hidden, inter,
-                    kind=None if force == "auto" else force, sms=tg.device_sms())
+                    kind=None if force == "auto" else force, sms=tg.device_sms(),
+                    hopper=device_arch() == "sm_90a")
     return with_gemm_override(plan, os.environ.get(GEMM_ENV, ""))
 
 
@@ -946,9 +988,10 @@ def _pad(x, k: int):
     return x if d == k else jnp.pad(x, ((0, 0), (0, k - d)))
 
 
-__all__ = ["GEMM_ENV", "GroupedMmaConfig", "KernelRoutes", "MAX_TIERS", "PLAN_ENV",
-           "grouped_config", "grouped_partials", "kernel_routes", "launch_grouped_mma", "moe_gpu",
-           "pack_for", "plan_for", "supports", "with_gemm_override"]
+__all__ = ["GEMM_ENV", "GroupedMmaConfig", "GroupedWgmmaConfig", "KernelRoutes", "MAX_TIERS",
+           "PLAN_ENV", "grouped_config", "grouped_partials", "kernel_routes",
+           "launch_grouped_mma", "moe_gpu", "pack_for", "plan_for", "supports",
+           "with_gemm_override"]
 
 
 # ---------------------------------------------------------------------------------------------

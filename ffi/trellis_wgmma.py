@@ -33,6 +33,12 @@ fence.proxy.async and one barrier.
 Option: ``fused_out`` (one K-split, two warpgroups: the CTA's 128 columns are one Hadamard
 block) applies the output transform in the epilogue and writes y instead of partials.
 
+Grouped (``experts`` > 0: the MoE's prefill GEMMs, ffi/trellis_moe.py): the token tiles are the
+route-packed blocks of m_tile rows, each multiplied by the trellis of its own expert (bexp
+[blocks]) in a stack [planes, experts, k/16, n/16, W/2]; grid z runs over planes x blocks and
+the rows of plane p start at p * m_pad. A block without an expert (-1) skips the k loop and
+writes zeros.
+
 Per STEP_BATCH = 2 k16 steps a warp: reads its two tiles' words from its ring slot and decodes
 them (overlapping the warpgroup's previous batch, in flight), wgmma.fence, one wgmma
 m64n{m_tile}k16 per step (A: the step's 4 registers; B: the stage's descriptor advanced by 32
@@ -51,6 +57,8 @@ Layout contract (flat, sizes static):
   out: float32 [splits, m_pad, n] K-split partial sums (the output transform sums them), or
                                   with fused_out y [m_pad, n], the linear's output (padded
                                   rows included; the caller keeps the first m)
+  grouped: xw [planes, m_pad, k/2], tw [planes, experts, k/16, n/16, W/2], out [splits,
+                                  planes, m_pad, n], bexp int32 [m_blocks] (dense: unread)
   svh, bias: float16 [n]; scale: float32 [m_pad] (the input transform's row scales): read by
                                   the fused_out epilogue only
 """
@@ -119,6 +127,10 @@ class WgmmaGemmConfig(TokenTiles):
     # hadamard._hadamard_out_kernel) and writes y [m_pad, n] fp32 instead of partials.
     fused_out: bool = False
     biased: bool = False   # fused_out: the linear has a bias
+    # Grouped (see the module docstring): experts of the stacked trellis (0: one dense weight)
+    # and its planes (the MoE's FC1: gate and up).
+    experts: int = 0
+    planes: int = 1
 
     chunk_steps = K_CHUNK
     stages = ACTIVATION_STAGES
@@ -153,6 +165,10 @@ class WgmmaGemmConfig(TokenTiles):
     def stage_words(self) -> int:
         return self.m_tile * ROW_BYTES // 4
 
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.n16 // self.cta_n16, self.splits, self.planes * self.m_blocks)
+
     def validate(self) -> "WgmmaGemmConfig":
         if self.m_tile not in M_TILES:
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
@@ -167,7 +183,17 @@ class WgmmaGemmConfig(TokenTiles):
         if self.fused_out and (self.splits != 1 or self.warpgroups != 2):
             raise ValueError("fused_out needs one K-split and two warpgroups (a CTA's 128 "
                              "columns are one Hadamard block)")
+        if self.experts < 0 or self.planes < 1 or (self.planes > 1 and not self.experts):
+            raise ValueError(f"experts {self.experts} / planes {self.planes}: planes need a "
+                             f"grouped (experts > 0) config")
+        if self.experts and self.fused_out:
+            raise ValueError("a grouped config writes partials (no fused_out)")
         self.check_token_tiling()
+        lead = self.planes * max(self.experts, 1)
+        if max(lead * self.k16 * self.n16 * lane_geometry(self.K).words,
+               self.planes * self.m_pad * self.k // 2,
+               self.splits * self.planes * self.m_pad * self.n) >= 2**31:
+            raise ValueError("tensor too large for 32-bit indexing")
         return self
 
 
@@ -302,7 +328,8 @@ def _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, ge
     """At the top of chunk c, one cp.async group: the warp's weights of chunk c + R - 1 into
     ring slot (c + R - 1) % R, and the CTA's activations of chunk c + 2 into stage
     (c + 2) % ACTIVATION_STAGES. Past the last chunk every copy re-loads it (in bounds, into
-    stages and slots never read again)."""
+    stages and slots never read again). tn: the warp's tile in the flat (k16 = 0) tile
+    sequence (grouped: its expert's stack included); m0: the tile's first activation row."""
     last, lead = cfg.chunks - 1, cfg.weight_ring - 1
     _copy_weights_async(tw, ks0 + cutlass.min(c + lead, last) * K_CHUNK, tn,
                         ring_address + ((c + lead) % cfg.weight_ring) * cfg.slot_words * 4,
@@ -394,12 +421,26 @@ def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
 @cute.kernel
 def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                           svh: cute.Tensor, bias: cute.Tensor, scale: cute.Tensor,
-                          cfg: cutlass.Constexpr):
+                          bexp: cute.Tensor, cfg: cutlass.Constexpr):
     geo = lane_geometry(cfg.K)
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     tn = bx * cfg.cta_n16 + warp
     m0 = bz * cfg.m_tile
     ks0 = by * cfg.k_per_split
+    chunks = cfg.chunks
+    plane = 0
+    if cutlass.const_expr(cfg.experts > 0):
+        # Grouped: this block's expert picks its stack of tiles (tn's flat tile index counts
+        # the stacks before it; validate keeps every word index below 2^31); a block without
+        # one runs no chunks and writes zeros.
+        plane = bz // cfg.m_blocks
+        blk = bz % cfg.m_blocks
+        expert = Int32(bexp[blk])
+        live = (expert >= 0) & (expert < cfg.experts)
+        e_safe = cutlass.select_(live, expert, Int32(0))
+        tn = (plane * cfg.experts + e_safe) * (cfg.k16 * cfg.n16) + tn
+        m0 = plane * cfg.m_pad + blk * cfg.m_tile
+        chunks = cutlass.select_(live, Int32(cfg.chunks), Int32(0))
     funnels = lane_funnels(geo, lane)
     smem = cutlass.memory.SmemAllocator().allocate_tensor(
         Uint32, cute.make_layout(cfg.smem_words), SWIZZLE_ATOM_BYTES)
@@ -430,7 +471,7 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     a_prev = cute.make_rmem_tensor((4 * STEP_BATCH,), Uint32)     # A of the batch in flight
     for i in cutlass.range_constexpr(4 * STEP_BATCH):
         a_prev[i] = Uint32(0)
-    for c in cutlass.range(cfg.chunks):
+    for c in cutlass.range(chunks):
         _copy_chunks_ahead(xw, tw, c, tn, m0, ks0, ring_address, base, tid, lane, geo, cfg)
         slot_word = ring_word + (c % cfg.weight_ring) * cfg.slot_words
         _mma_chunk(acc, a_prev, _ring_weight_words(smem, slot_word, funnels, geo),
@@ -446,23 +487,33 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     if cutlass.const_expr(cfg.fused_out):
         _fused_epilogue(d, base, out, svh, bias, scale, bx, m0, warp, lane, cfg)
     else:
+        # m0 counts the planes before this one (grouped), so by's partials start at
+        # by * planes * m_pad rows.
         for i in cutlass.range_constexpr(cfg.acc_regs):
             row, col = d_fragment_position(warp, lane, i)
-            out[(by * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16 + col] = d[i]
+            out[(by * cfg.planes * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16
+                + col] = d[i]
 
 
 @cute.jit
 def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Tensor,
                          bias: cute.Tensor, scale: cute.Tensor, out: cute.Tensor,
                          cfg: cutlass.Constexpr):
-    """cutlass_call entry: out is the fp32 partials [splits, m_pad, n], or with fused_out y
-    [m_pad, n] (svh f16 [n], bias f16 [n] (any f16 [n] when not biased), scale f32 [m_pad]:
-    the input transform's row scales; unused without fused_out)."""
-    _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, cfg).launch(
+    """cutlass_call entry (dense): out is the fp32 partials [splits, m_pad, n], or with
+    fused_out y [m_pad, n] (svh f16 [n], bias f16 [n] (any f16 [n] when not biased), scale f32
+    [m_pad]: the input transform's row scales; unused without fused_out)."""
+    _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, scale, cfg).launch(
+        grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
+
+
+def launch_grouped_wgmma(xw, tw, bexp, out, cfg, stream):
+    """The grouped kernel on ``stream`` from inside another cute.jit launch function (the MoE
+    layer's): partials [splits, planes, m_pad, n] of each block's rows against its expert."""
+    _trellis_wgmma_kernel(xw, tw, out, bexp, bexp, bexp, bexp, cfg).launch(
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
 __all__ = ["ACTIVATION_STAGES", "ARCH", "K_CHUNK", "M_TILES",
            "MIN_WEIGHT_RING", "STEP_BATCH", "WEIGHT_RING", "WgmmaGemmConfig",
            "d_fragment_position", "descriptor_lo", "weight_piece",
-           "launch_trellis_wgmma", "stage_unit", "swizzled_word"]
+           "launch_grouped_wgmma", "launch_trellis_wgmma", "stage_unit", "swizzled_word"]

@@ -8,7 +8,8 @@ listed):
   accuracy:   exl3_jax.ffi.trellis_moe.moe_gpu (NaN-poisoned kernel outputs; fused glue kernels,
               and a few cases with the unfused jnp glue and with x_scale) vs the jnp
               reference MoE (exl3_jax.ops.moe.moe_packed_reference, fp32 HIGHEST, run on the same
-              GPU) for several codebooks x rates and token counts covering both plans; pass:
+              GPU) for several codebooks x rates and token counts covering the plans (decode,
+              prefill, and on Hopper wgmma, auto at 300 tokens and forced at 40); pass:
               relative L2 error <= 2e-3 and cosine >= 0.9999. One case also against the
               all-experts reference (moe_experts).
   decode_bitwise: in the decode plan each token of an m-token batch equals its own m=1 result
@@ -18,7 +19,8 @@ listed):
               both plans; each token against the reference on its own scale.
   edge:       no experts hit (all ids -1: output exactly 0), all experts hit, invalid ids mixed in.
   tiers:      mixed K3/K4 experts (exl3_jax.ops.moe.moe_tiered, gpu backend) vs the reference.
-  geometry:   Qwen3-30B-A3B geometry (E128 H2048 I768 top-8) at m = 1, 8, 128 vs the reference.
+  geometry:   Qwen3-30B-A3B geometry (E128 H2048 I768 top-8) at m = 1, 8, 128, 1024 vs the
+              reference (1024: the wgmma plan on Hopper).
   dispatch:   exl3_jax.ops.moe with backend "auto" picks the GPU kernels and matches.
   bench:      (unless --no-bench) a few timings of the Qwen3 geometry (exl3_jax.ffi.bench).
 """
@@ -37,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from exl3_jax.ffi import aot
 from exl3_jax.ffi import trellis_moe as tm
 from exl3_jax.ops.moe_plans import moe_plan
 
@@ -98,6 +101,8 @@ def passes(m: dict) -> bool:
     return m["nan"] == 0 and m["rel"] <= REL_TOL and (m["cos"] is None or m["cos"] >= COS_TOL)
 
 
+# The wgmma plan (Hopper only) forced where auto would not take it.
+WGMMA_FORCED = ((40, "wgmma"),) if aot.device_arch() == "sm_90a" else ()
 _gpu = jax.jit(lambda x, ids, w, w13, down, plan=None, fused=True, x_scale=None: tm.moe_gpu(
     x, ids, w, w13, down, plan=plan, poison=True, fused=fused, x_scale=x_scale),
     static_argnames=("plan", "fused"))
@@ -262,8 +267,10 @@ def run_validation(args) -> dict:
                             fused=fused, scaled=scaled, inter_valid=iv)
                 log(json.dumps(m))
                 rows.append(m)
-        # decode plan forced on a prefill-sized batch and prefill plan on a decode-sized one
-        for T, plan in ((24, "prefill"), (3, "prefill")):
+        # decode plan forced on a prefill-sized batch and prefill plan on a decode-sized one;
+        # on Hopper the wgmma plan forced on a batch whose blocks auto would give the mma.sync
+        # kernel (40 tokens: 10 routes per expert, 32-row blocks)
+        for T, plan in ((24, "prefill"), (3, "prefill")) + WGMMA_FORCED:
             if budget.ok(f"accuracy forced {plan} T{T}"):
                 m, _ = case(rng, 8, 512, 256, 4, "mcg", T, 2, plan=plan)
                 log(json.dumps(m))
@@ -313,7 +320,7 @@ def run_validation(args) -> dict:
         ids = jnp.asarray(np.stack([rng.permutation(E) for _ in range(T)]).astype(np.int32))
         w = jnp.asarray(rng.uniform(0.1, 1, (T, top_k)).astype(np.float32))
         xa = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
-        for plan in ("decode", "prefill"):
+        for plan in ("decode", "prefill") + tuple(p for _, p in WGMMA_FORCED):
             m = metrics(_gpu(xa, ids, w, w13, down, plan=plan), _ref(xa, ids, w, w13, down))
             m["ok"] = passes(m)
             res[f"all_experts_hit_{plan}"] = m
@@ -377,7 +384,7 @@ def run_validation(args) -> dict:
     def geometry():
         E, H, I, top_k = 128, 2048, 768, 8
         w13, down = random_moe(rng, E, H, I, 4, "mcg")
-        return versus_reference("geometry", (1, 8, 128), H, top_k, E,
+        return versus_reference("geometry", (1, 8, 128, 1024), H, top_k, E,
                                 lambda *t: _gpu(*t, w13, down), lambda *t: _ref(*t, w13, down))
 
     def dispatch():
@@ -399,7 +406,8 @@ def run_validation(args) -> dict:
         E, H, I, top_k = 8, 512, 256, 2
         w13, down = random_moe(rng, E, H, I, 4, "mcg")
         for T, plan, fused in ((3, "decode", True), (3, "decode", False),
-                               (40, "prefill", True), (40, "prefill", False)):
+                               (40, "prefill", True), (40, "prefill", False)) + tuple(
+                                   (T, p, True) for T, p in WGMMA_FORCED):
             x, ids, w = draw_tokens(rng, T, H, top_k, E, dtype=jnp.float32)
             x = np.array(x)                                         # a writable copy
             x[1] *= 3e4 / np.abs(x[1]).max()
@@ -445,14 +453,15 @@ def run_validation(args) -> dict:
 
 
 def run_memcheck() -> int:
-    """A decode and a prefill layer (fused glue, poisoned outputs), for compute-sanitizer
-    memcheck; the Qwen3 intermediate size (768: 6 of a CTA's 8 warps own a block). The
+    """A decode, a prefill and (Hopper) a wgmma layer (fused glue, poisoned outputs), for
+    compute-sanitizer memcheck; the Qwen3 intermediate size (768: 6 of a CTA's 8 warps own a
+    block). The
     reference runs on the CPU: XLA's GEMM autotuning crashed under the sanitizer (session 11)."""
     rng = np.random.default_rng(3)
     E, H, I, top_k = 8, 512, 768, 2
     w13, down = random_moe(rng, E, H, I, 4, "mcg", inter_valid=700)
     bad = 0
-    for T, plan in ((3, "decode"), (40, "prefill")):
+    for T, plan in ((3, "decode"), (40, "prefill")) + WGMMA_FORCED:
         x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid=0.1)
         got = _gpu(x, ids, w, w13, down, plan=plan)
         with jax.default_device(jax.devices("cpu")[0]):

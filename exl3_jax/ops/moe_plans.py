@@ -9,6 +9,11 @@ served by one expert) and the grouped GEMM's CTA shape for one projection (FC1 g
   * "prefill" (T > DECODE_MAX_M, up to ``capacity`` tokens per call; larger batches run in
     capacity-sized slices): bigger blocks (up to 64 rows, fewer re-decodes of each expert's
     weights), fewer loads in flight per warp (register pressure), no K-split.
+  * "wgmma" (Hopper, a prefill plan whose blocks hold at least WGMMA_MIN_BLOCK_M rows): the
+    same blocks (32 or 64 rows: wgmma's N) on the grouped form of the dense wgmma kernel
+    (ffi/trellis_wgmma.py): each CTA decodes its 128 columns of its block's expert once per
+    block into wgmma's A registers, with the block's rows staged in shared memory, where the
+    mma.sync kernel re-reads every activation fragment per warp and n-tile pair.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from .plans import (DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS,   # the dense GEMM's 
                     plan_kind)
 
 DEFAULT_CAPACITY = 4096
+WGMMA_MIN_BLOCK_M = 32     # wgmma plans: blocks of 32 or 64 rows (48 rounds up to 64)
 PACKINGS = ("sorted", "per_route")
 PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
 
@@ -35,7 +41,7 @@ class MoeGemmPlan:
 
 @dataclasses.dataclass(frozen=True)
 class MoePlan:
-    kind: str               # "decode" | "prefill"
+    kind: str               # "decode" | "prefill" | "wgmma"
     tokens: int             # T of this call (<= capacity)
     top_k: int
     experts: int            # E of the stack (local)
@@ -79,18 +85,23 @@ def _gemm_plan(kind: str, k: int, n: int, planes: int, top_k: int, block_m: int,
 
 def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
              kind: str | None = None, block_m: int | None = None, packing: str | None = None,
-             sms: int = DEFAULT_SMS) -> MoePlan:
+             sms: int = DEFAULT_SMS, hopper: bool = False) -> MoePlan:
     """Plan for one MoE call of ``tokens`` tokens (padded sizes: hidden H and intermediate I
-    multiples of 128)."""
+    multiples of 128); ``hopper``: the device has wgmma (auto may pick the "wgmma" plan)."""
     if tokens < 1 or top_k < 1 or experts < 1:
         raise ValueError(f"bad MoE call: tokens={tokens}, top_k={top_k}, experts={experts}")
     if hidden % 128 or inter % 128:
         raise ValueError(f"hidden {hidden} and intermediate {inter} must be multiples of 128")
-    kind = plan_kind(tokens, kind, kinds=("decode", "prefill"))
+    forced = kind
+    kind = plan_kind(tokens, kind, kinds=("decode", "prefill", "wgmma"))
     routes = tokens * top_k
     bm = block_m or select_block_m(routes, experts)
     if kind == "decode":
         bm = min(bm, 32)          # the decode kernel keeps <= 4 token groups in registers
+    if kind == "prefill" and hopper and not forced and bm >= WGMMA_MIN_BLOCK_M:
+        kind = "wgmma"
+    if kind == "wgmma":
+        bm = WGMMA_MIN_BLOCK_M if bm <= WGMMA_MIN_BLOCK_M else 64
     # Few routes over many experts rarely share one: give each route its own 8-row block and
     # skip the sort (see pack_routes_per_route); same kernels, same per-row results.
     packing = packing or ("per_route" if kind == "decode" and block_m is None
@@ -107,4 +118,4 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
 
 
 __all__ = ["DECODE_MAX_M", "DEFAULT_CAPACITY", "MoeGemmPlan", "MoePlan", "PACKINGS", "PLAN_KINDS",
-           "moe_plan"]
+           "WGMMA_MIN_BLOCK_M", "moe_plan"]
