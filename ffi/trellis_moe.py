@@ -688,10 +688,16 @@ def plan_for(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
     """The launch plan of one call (padded hidden / intermediate sizes; experts: the layer's
     global E); force: a plan kind, else $EXL3_JAX_MOE_PLAN, else auto."""
     force = force or os.environ.get(PLAN_ENV, "auto") or "auto"
+    from exl3_jax.ops.moe_plans import WGMMA_AUTO
+
     from .aot import device_arch
+    arch = device_arch()
+    if force == "wgmma" and arch != "sm_90a":
+        raise ValueError(f"MoE plan 'wgmma' ({PLAN_ENV}) needs Hopper (sm_90a); this device "
+                         f"is {arch}")
     plan = moe_plan(tokens, top_k, experts, hidden, inter,
                     kind=None if force == "auto" else force, sms=tg.device_sms(),
-                    hopper=device_arch() == "sm_90a")
+                    hopper=WGMMA_AUTO and arch == "sm_90a")
     return with_gemm_override(plan, os.environ.get(GEMM_ENV, ""))
 
 

@@ -9,7 +9,8 @@ listed):
               and a few cases with the unfused jnp glue and with x_scale) vs the jnp
               reference MoE (exl3_jax.ops.moe.moe_packed_reference, fp32 HIGHEST, run on the same
               GPU) for several codebooks x rates and token counts covering the plans (decode,
-              prefill, and on Hopper wgmma, auto at 300 tokens and forced at 40); pass:
+              prefill, and on Hopper wgmma, forced at 40 tokens; auto at 300 tokens where
+              moe_plans.WGMMA_AUTO is on); pass:
               relative L2 error <= 2e-3 and cosine >= 0.9999. One case also against the
               all-experts reference (moe_experts).
   decode_bitwise: in the decode plan each token of an m-token batch equals its own m=1 result
@@ -20,7 +21,7 @@ listed):
   edge:       no experts hit (all ids -1: output exactly 0), all experts hit, invalid ids mixed in.
   tiers:      mixed K3/K4 experts (exl3_jax.ops.moe.moe_tiered, gpu backend) vs the reference.
   geometry:   Qwen3-30B-A3B geometry (E128 H2048 I768 top-8) at m = 1, 8, 128, 1024 vs the
-              reference (1024: the wgmma plan on Hopper).
+              reference (1024: the wgmma plan on Hopper where auto takes it).
   dispatch:   exl3_jax.ops.moe with backend "auto" picks the GPU kernels and matches.
   bench:      (unless --no-bench) a few timings of the Qwen3 geometry (exl3_jax.ffi.bench).
 """

@@ -6,6 +6,7 @@ scripts/gpu_validate_moe.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import jax
@@ -182,6 +183,60 @@ def test_gemm_override(monkeypatch):
     bad_plan = tm.with_gemm_override(plan, "fc1=2,8,1,32")
     with pytest.raises(ValueError, match="warps\\*unroll"):
         tm.grouped_config(w13, bad_plan.fc1, bad_plan)
+
+
+def test_wgmma_plan_selection():
+    """On Hopper auto takes the wgmma plan for prefill blocks of >= 32 rows (32 or 64: wgmma's
+    N; 48 rounds up), never for decode plans or elsewhere; forcing it works at any size."""
+    from exl3_jax.ops.moe_plans import WGMMA_MIN_BLOCK_M
+    for H, I, E, top_k in ((2048, 768, 128, 8), (4096, 1408, 128, 8), (256, 128, 8, 2)):
+        for T in (1, 8, 32, 33, 64, 256, 512, 640, 1024, 4096):
+            ref = moe_plan(T, top_k, E, H, I)
+            p = moe_plan(T, top_k, E, H, I, hopper=True)
+            if ref.kind == "prefill" and ref.block_m >= WGMMA_MIN_BLOCK_M:
+                assert p.kind == "wgmma" and p.block_m == (32 if ref.block_m == 32 else 64)
+                assert p.blocks == max_blocks(T * top_k, E, p.block_m)
+            else:
+                assert p == ref
+    assert moe_plan(640, 8, 128, 2048, 768).block_m == 48          # 40 routes per expert
+    assert moe_plan(640, 8, 128, 2048, 768, hopper=True).block_m == 64
+    forced = moe_plan(40, 2, 8, 256, 128, kind="wgmma")             # 10 routes per expert
+    assert (forced.kind, forced.block_m, forced.packing) == ("wgmma", 32, "sorted")
+    assert moe_plan(40, 2, 8, 256, 128, kind="prefill", hopper=True).kind == "prefill"
+
+
+@needs_cutlass
+def test_wgmma_plan_configs():
+    # Both GEMMs of a wgmma plan get the grouped wgmma kernel's config (one slab; the tiers
+    # of a mixed-bitrate layer keep the mma.sync kernel with the plan's blocks).
+    from exl3_jax.ffi import trellis_moe as tm
+    plan = moe_plan(300, 2, 8, 256, 256, hopper=True)
+    w13 = Exl3Weight(jnp.zeros((2, 8, 16, 16, 64), jnp.int16), jnp.ones((2, 8, 256)),
+                     jnp.ones((2, 8, 256)), None, "mcg", 4, 256, 256)
+    down = Exl3Weight(jnp.zeros((8, 16, 16, 64), jnp.int16), jnp.ones((8, 256)),
+                      jnp.ones((8, 256)), None, "mcg", 4, 256, 256)
+    c1, c2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2, plan)
+    assert isinstance(c1, tm.GroupedWgmmaConfig) and isinstance(c2, tm.GroupedWgmmaConfig)
+    assert (c1.planes, c1.experts, c1.block_m, c1.rows) == (2, 8, 64, plan.rows)
+    assert c1.grid == (2, 1, 2 * plan.blocks) and c2.grid == (2, 1, plan.blocks)
+    tiered = tm.grouped_config([w13, w13], plan.fc1, dataclasses.replace(plan, experts=16))
+    assert isinstance(tiered, tm.GroupedMmaConfig) and tiered.block_m == 64
+
+
+@needs_cutlass
+def test_wgmma_plan_needs_hopper(monkeypatch):
+    # Auto leaves the plan to WGMMA_AUTO; forcing it elsewhere than sm_90a is refused by name.
+    from exl3_jax.ffi import aot
+    from exl3_jax.ffi import trellis_moe as tm
+    from exl3_jax.ops import moe_plans
+    monkeypatch.setattr(aot, "device_arch", lambda: "sm_120a")
+    with pytest.raises(ValueError, match="needs Hopper.*sm_120a"):
+        tm.plan_for(300, 2, 8, 256, 256, "wgmma")
+    monkeypatch.setattr(aot, "device_arch", lambda: "sm_90a")
+    assert tm.plan_for(300, 2, 8, 256, 256, "wgmma").kind == "wgmma"
+    for auto in (False, True):
+        monkeypatch.setattr(moe_plans, "WGMMA_AUTO", auto)
+        assert tm.plan_for(300, 2, 8, 256, 256).kind == ("wgmma" if auto else "prefill")
 
 
 def test_plan_errors():

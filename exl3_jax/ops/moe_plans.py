@@ -26,6 +26,11 @@ from .plans import (DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS,   # the dense GEMM's 
 
 DEFAULT_CAPACITY = 4096
 WGMMA_MIN_BLOCK_M = 32     # wgmma plans: blocks of 32 or 64 rows (48 rounds up to 64)
+# Whether auto takes the wgmma plan on Hopper (exl3_jax.ffi.trellis_moe.plan_for). Off until it
+# is timed against the mma.sync prefill plan on the hardware (session 31 built it and checked
+# it through the PTX interpreter, then had no device time left: bench/NOTES.md); meanwhile
+# EXL3_JAX_MOE_PLAN=wgmma selects it.
+WGMMA_AUTO = False
 PACKINGS = ("sorted", "per_route")
 PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
 
@@ -87,7 +92,8 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
              kind: str | None = None, block_m: int | None = None, packing: str | None = None,
              sms: int = DEFAULT_SMS, hopper: bool = False) -> MoePlan:
     """Plan for one MoE call of ``tokens`` tokens (padded sizes: hidden H and intermediate I
-    multiples of 128); ``hopper``: the device has wgmma (auto may pick the "wgmma" plan)."""
+    multiples of 128); ``hopper``: auto may pick the "wgmma" plan (the device has wgmma and
+    WGMMA_AUTO is on: the caller's decision)."""
     if tokens < 1 or top_k < 1 or experts < 1:
         raise ValueError(f"bad MoE call: tokens={tokens}, top_k={top_k}, experts={experts}")
     if hidden % 128 or inter % 128:
@@ -118,4 +124,4 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
 
 
 __all__ = ["DECODE_MAX_M", "DEFAULT_CAPACITY", "MoeGemmPlan", "MoePlan", "PACKINGS", "PLAN_KINDS",
-           "WGMMA_MIN_BLOCK_M", "moe_plan"]
+           "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "moe_plan"]
