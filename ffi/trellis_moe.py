@@ -18,7 +18,9 @@ Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_l
      token, one route per block: decode at few routes per expert) do this inside FC1 instead
      (GroupedMmaConfig.rotate_in: each FC1 CTA rotates its route's row into shared memory while
      its first weight words load), so they launch 4 kernels;
-  2. FC1: gate and up grouped GEMM over w13 in one launch;
+  2. FC1: gate and up grouped GEMM over w13 in one launch (this file's mma.sync kernel, or for
+     "wgmma" plans on Hopper the grouped form of ffi/trellis_wgmma.py's kernel, which
+     decodes each block's expert once per CTA into wgmma's A registers; the same for FC2);
   3. activation: K-split sum, FC1 output Hadamard, * svh * FC1 row scale (* x_scale),
      silu(gate) * up, * down suh, FC2 row scale, FC2 input Hadamard, fp16 (1 launch; the two
      Hadamards act on the same 128-column blocks, so one warp does the whole chain);
