@@ -189,8 +189,9 @@ class GroupedMmaConfig(MmaTiling):
 @dataclasses.dataclass(frozen=True)
 class GroupedWgmmaConfig(WgmmaGemmConfig):
     """One grouped GEMM of a "wgmma" plan (Hopper): the dense wgmma kernel's grouped form
-    (trellis_wgmma: experts > 0), blocks of m_tile rows (32 or 64) as its token tiles, one slab,
-    row-major activations, fp32 partials [splits, planes, rows, n] as GroupedMmaConfig's."""
+    (trellis_wgmma: experts > 0), blocks of m_tile rows (32, 64 or 128) as its token tiles,
+    one slab, row-major activations, fp32 partials [splits, planes, rows, n] as
+    GroupedMmaConfig's."""
     wgmma = True
     tiers = ()
     rotate_in = False
@@ -629,7 +630,9 @@ def grouped_config(weights, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
     planes = stack[0] if len(stack) == 2 else 1
     tiers = () if isinstance(weights, Exl3Weight) else tuple(
         (t.codebook, t.K, t.stack_shape[-1]) for t in slabs)
-    if plan.kind == "wgmma" and not tiers:    # (tier slabs keep the mma.sync kernel)
+    if plan.kind == "wgmma":
+        if tiers:
+            raise ValueError("the wgmma plan serves one slab; tier slabs take the prefill plan")
         return GroupedWgmmaConfig(codebook=w.codebook, K=w.K, m_blocks=plan.blocks, k=w.k,
                                   n=w.n, m_tile=plan.block_m, experts=stack[-1],
                                   planes=planes).validate()
@@ -933,6 +936,8 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
     H, I = w0.k, w0.n
     if not isinstance(plan, MoePlan):
         plan = plan_for(T, top_k, E, H, I, plan)
+    if tiers is not None and plan.kind == "wgmma":     # tier slabs: the mma.sync kernel only
+        plan = plan_for(T, top_k, E, H, I, "prefill")
     rows = plan.rows
     x = _pad(x, H)
 

@@ -93,7 +93,7 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
 
 def test_moe_validation_passes_on_the_emulated_kernels(validation_reports):
     """The MoE layer's custom call (rotate-in, FC1, activation, FC2, combine) under
-    gpu_validate_moe.py's checks, on fresh random weights: both plans, fused and unfused glue,
+    gpu_validate_moe.py's checks, on fresh random weights: the three plans, fused and unfused glue,
     fp16-overflowing tokens, each decode token equal to its own m = 1 result bitwise, no and all
     experts hit, K3/K4 tiers in one launch (the Qwen3-size geometry section is left to the
     GPU: ~5 minutes here)."""
@@ -104,6 +104,10 @@ def test_moe_validation_passes_on_the_emulated_kernels(validation_reports):
     assert {k: v.get("ok") for k, v in sections.items()} == dict.fromkeys(sections, True), \
         {k: str(v)[:800] for k, v in sections.items() if not v.get("ok")}
     assert report["ok"] and not report["skipped"] and rc == 0, err[-4000:]
+    # The wgmma plan (forced: the emulated arch is sm_90a) ran with 32- and 128-row blocks.
+    rows = sections["accuracy"]["rows"]
+    assert {r["block_m"] for r in rows if r.get("plan") == "wgmma"} == {32, 128}, rows
+    assert sections["edge"]["all_experts_hit_wgmma"]["ok"]
 
 
 # The dispatch on inputs drawn fresh: x @ W + b vs the fp32 reference at the issue's bound.

@@ -75,12 +75,13 @@ def test_moe_kernels_compile_and_export(arch, tmp_path):
         assert row["kernels"] == glue + ([] if fused else ["_rotate_in_kernel"]), row
 
 
-# The wgmma plan (Hopper only: sm_90a): blocks of 64 and 32 rows, each codebook, a half rate.
+# The wgmma plan (Hopper only: sm_90a): blocks of 128, 64 and 32 rows, each codebook, a half
+# rate, x_scale and a padded intermediate size.
 WGMMA_CASES = [
     ["mcg", 4, 300, "wgmma", 8, 256, 256, 2],
     ["mul1", 3, 100, "wgmma", 8, 256, 128, 2],
     ["3inst", 2, 40, "wgmma", 8, 256, 256, 2, True, 200],
-    ["mul1", 2.5, 300, "wgmma", 8, 256, 128, 2],
+    ["mul1", 2.5, 200, "wgmma", 8, 256, 128, 2],
 ]
 
 
@@ -89,7 +90,7 @@ def test_moe_wgmma_plan_compiles_for_hopper(tmp_path):
     rows = check_rows("exl3_jax.ffi.trellis_moe", WGMMA_CASES, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
     assert {moe_plan(c[2], c[7], c[4], c[5], c[6], kind=c[3]).block_m
-            for c in WGMMA_CASES} == {32, 64}
+            for c in WGMMA_CASES} == {32, 64, 128}
     if helpers_sass.nvdisasm() is not None:
         assert list(tmp_path.glob("*.cubin"))
         assert helpers_sass.spilling_cubins(tmp_path) == {}

@@ -186,20 +186,25 @@ def test_gemm_override(monkeypatch):
 
 
 def test_wgmma_plan_selection():
-    """On Hopper auto takes the wgmma plan for prefill blocks of >= 32 rows (32 or 64: wgmma's
-    N; 48 rounds up), never for decode plans or elsewhere; forcing it works at any size."""
+    """On Hopper auto takes the wgmma plan for prefill blocks of >= 32 rows, never for decode
+    plans or elsewhere; its blocks are the smallest of 32 / 64 / 128 rows (wgmma's N) that hold
+    the average routes per expert; forcing it works at any size."""
     from exl3_jax.ops.moe_plans import WGMMA_MIN_BLOCK_M
     for H, I, E, top_k in ((2048, 768, 128, 8), (4096, 1408, 128, 8), (256, 128, 8, 2)):
-        for T in (1, 8, 32, 33, 64, 256, 512, 640, 1024, 4096):
+        for T in (1, 8, 32, 33, 64, 256, 512, 640, 1024, 1025, 4096):
             ref = moe_plan(T, top_k, E, H, I)
             p = moe_plan(T, top_k, E, H, I, hopper=True)
             if ref.kind == "prefill" and ref.block_m >= WGMMA_MIN_BLOCK_M:
-                assert p.kind == "wgmma" and p.block_m == (32 if ref.block_m == 32 else 64)
+                avg = T * top_k / E
+                assert p.kind == "wgmma", (T, p)
+                assert p.block_m == next((b for b in (32, 64, 128) if b >= avg), 128), (T, p)
                 assert p.blocks == max_blocks(T * top_k, E, p.block_m)
             else:
                 assert p == ref
     assert moe_plan(640, 8, 128, 2048, 768).block_m == 48          # 40 routes per expert
     assert moe_plan(640, 8, 128, 2048, 768, hopper=True).block_m == 64
+    assert moe_plan(1025, 8, 128, 2048, 768, hopper=True).block_m == 128   # 64.06 per expert
+    assert moe_plan(4096, 8, 128, 2048, 768, hopper=True).block_m == 128
     forced = moe_plan(40, 2, 8, 256, 128, kind="wgmma")             # 10 routes per expert
     assert (forced.kind, forced.block_m, forced.packing) == ("wgmma", 32, "sorted")
     assert moe_plan(40, 2, 8, 256, 128, kind="prefill", hopper=True).kind == "prefill"
@@ -207,10 +212,10 @@ def test_wgmma_plan_selection():
 
 @needs_cutlass
 def test_wgmma_plan_configs():
-    # Both GEMMs of a wgmma plan get the grouped wgmma kernel's config (one slab; the tiers
-    # of a mixed-bitrate layer keep the mma.sync kernel with the plan's blocks).
+    # Both GEMMs of a wgmma plan get the grouped wgmma kernel's config; tier slabs are refused
+    # (moe_gpu gives a tiered layer the prefill plan instead).
     from exl3_jax.ffi import trellis_moe as tm
-    plan = moe_plan(300, 2, 8, 256, 256, hopper=True)
+    plan = moe_plan(200, 2, 8, 256, 256, hopper=True)
     w13 = Exl3Weight(jnp.zeros((2, 8, 16, 16, 64), jnp.int16), jnp.ones((2, 8, 256)),
                      jnp.ones((2, 8, 256)), None, "mcg", 4, 256, 256)
     down = Exl3Weight(jnp.zeros((8, 16, 16, 64), jnp.int16), jnp.ones((8, 256)),
@@ -219,8 +224,10 @@ def test_wgmma_plan_configs():
     assert isinstance(c1, tm.GroupedWgmmaConfig) and isinstance(c2, tm.GroupedWgmmaConfig)
     assert (c1.planes, c1.experts, c1.block_m, c1.rows) == (2, 8, 64, plan.rows)
     assert c1.grid == (2, 1, 2 * plan.blocks) and c2.grid == (2, 1, plan.blocks)
-    tiered = tm.grouped_config([w13, w13], plan.fc1, dataclasses.replace(plan, experts=16))
-    assert isinstance(tiered, tm.GroupedMmaConfig) and tiered.block_m == 64
+    with pytest.raises(ValueError, match="one slab"):
+        tm.grouped_config([w13, w13], plan.fc1, dataclasses.replace(plan, experts=16))
+    assert tm.grouped_config(w13, plan.fc1, moe_plan(300, 2, 8, 256, 256, hopper=True)).m_tile \
+        == 128
 
 
 @needs_cutlass

@@ -9,8 +9,9 @@ served by one expert) and the grouped GEMM's CTA shape for one projection (FC1 g
   * "prefill" (T > DECODE_MAX_M, up to ``capacity`` tokens per call; larger batches run in
     capacity-sized slices): bigger blocks (up to 64 rows, fewer re-decodes of each expert's
     weights), fewer loads in flight per warp (register pressure), no K-split.
-  * "wgmma" (Hopper, a prefill plan whose blocks hold at least WGMMA_MIN_BLOCK_M rows): the
-    same blocks (32 or 64 rows: wgmma's N) on the grouped form of the dense wgmma kernel
+  * "wgmma" (Hopper, a prefill plan whose blocks hold at least WGMMA_MIN_BLOCK_M rows): blocks
+    of 32, 64 or 128 rows (wgmma's N; WGMMA_BLOCK_M_CHOICES from the average routes per expert,
+    as the other plans choose theirs) on the grouped form of the dense wgmma kernel
     (ffi/trellis_wgmma.py): each CTA decodes its 128 columns of its block's expert once per
     block into wgmma's A registers, with the block's rows staged in shared memory, where the
     mma.sync kernel re-reads every activation fragment per warp and n-tile pair.
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from .moe_routing import max_blocks, select_block_m
+from .moe_routing import WGMMA_BLOCK_M_CHOICES, max_blocks, select_block_m
 from .plans import (DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS,   # the dense GEMM's plan vocabulary
                     plan_kind)
 
 DEFAULT_CAPACITY = 4096
-WGMMA_MIN_BLOCK_M = 32     # wgmma plans: blocks of 32 or 64 rows (48 rounds up to 64)
+WGMMA_MIN_BLOCK_M = 32     # auto takes wgmma where the prefill blocks hold >= 32 rows
 # Whether auto takes the wgmma plan on Hopper (exl3_jax.ffi.trellis_moe.plan_for). Off until it
 # is timed against the mma.sync prefill plan on the hardware (session 31 built it and checked
 # it through the PTX interpreter, then had no device time left: bench/NOTES.md); meanwhile
@@ -107,7 +108,7 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
     if kind == "prefill" and hopper and not forced and bm >= WGMMA_MIN_BLOCK_M:
         kind = "wgmma"
     if kind == "wgmma":
-        bm = WGMMA_MIN_BLOCK_M if bm <= WGMMA_MIN_BLOCK_M else 64
+        bm = block_m or select_block_m(routes, experts, WGMMA_BLOCK_M_CHOICES)
     # Few routes over many experts rarely share one: give each route its own 8-row block and
     # skip the sort (see pack_routes_per_route); same kernels, same per-row results.
     packing = packing or ("per_route" if kind == "decode" and block_m is None

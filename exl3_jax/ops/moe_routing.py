@@ -21,16 +21,20 @@ import jax.numpy as jnp
 import numpy as np
 
 BLOCK_M_CHOICES = (8, 16, 32, 48, 64)
+# The wgmma plan's blocks (wgmma's N; exl3_jax.ops.moe_plans): 128 rows past 64 routes per
+# expert, which the mma.sync kernel cannot hold.
+WGMMA_BLOCK_M_CHOICES = (32, 64, 128)
 
 
-def select_block_m(num_routes: int, num_experts: int) -> int:
-    """Rows per block from the average routes per expert (static): the smallest choice that
-    holds the average, capped at 64 (more rows per block = fewer re-decodes of the expert's
-    weights, more padding)."""
+def select_block_m(num_routes: int, num_experts: int,
+                   choices: tuple = BLOCK_M_CHOICES) -> int:
+    """Rows per block from the average routes per expert (static): the smallest of ``choices``
+    that holds the average, else the largest (more rows per block = fewer re-decodes of the
+    expert's weights, more padding)."""
     if num_routes < 0 or num_experts < 1:
         raise ValueError(f"bad route count {num_routes} / expert count {num_experts}")
     avg = num_routes / num_experts
-    return next((b for b in BLOCK_M_CHOICES if b >= avg), BLOCK_M_CHOICES[-1])
+    return next((b for b in choices if b >= avg), choices[-1])
 
 
 def max_blocks(num_routes: int, num_experts: int, block_m: int) -> int:
@@ -80,7 +84,8 @@ def pack_routes(ids, num_experts: int, block_m: int | None = None,
     Args:
       ids: int [T, top_k] expert ids; ids outside [0, num_experts) (e.g. -1) are dropped.
       num_experts: E (static).
-      block_m: rows per block (one of BLOCK_M_CHOICES); None picks ``select_block_m``.
+      block_m: rows per block (one of BLOCK_M_CHOICES or WGMMA_BLOCK_M_CHOICES); None picks
+        ``select_block_m``.
       method: "sort" (argsort + scatters, any size), "compare" (the same result from fused
         one-hot comparisons and reductions, no sort or scatter: a few XLA fusions, for the
         small route counts of decode steps), "auto" (compare when its matrices are small).
@@ -95,8 +100,9 @@ def pack_routes(ids, num_experts: int, block_m: int | None = None,
     T, top_k = ids.shape
     R = T * top_k
     bm = select_block_m(R, num_experts) if block_m is None else int(block_m)
-    if bm not in BLOCK_M_CHOICES:
-        raise ValueError(f"block_m {bm} not in {BLOCK_M_CHOICES}")
+    allowed = sorted(set(BLOCK_M_CHOICES + WGMMA_BLOCK_M_CHOICES))
+    if bm not in allowed:
+        raise ValueError(f"block_m {bm} not in {allowed}")
     nb = max_blocks(R, num_experts, bm)
     rows = nb * bm
 
@@ -236,5 +242,6 @@ def combine_routes(y_rows, route_row, weights):
     return out
 
 
-__all__ = ["BLOCK_M_CHOICES", "PACK_METHODS", "pack_routes_per_route", "PackedRoutes", "combine_routes", "gather_expert_rows",
-           "gather_rows", "max_blocks", "pack_routes", "pack_routes_numpy", "select_block_m"]
+__all__ = ["BLOCK_M_CHOICES", "PACK_METHODS", "WGMMA_BLOCK_M_CHOICES", "pack_routes_per_route",
+           "PackedRoutes", "combine_routes", "gather_expert_rows", "gather_rows", "max_blocks",
+           "pack_routes", "pack_routes_numpy", "select_block_m"]

@@ -1,6 +1,6 @@
 # Call 56 (~8 min, an H100 / H200; queued in session 31, which built the plan and had no device
 # time left): the MoE "wgmma" plan (the grouped form of the dense wgmma kernel for prefill
-# blocks of 32 / 64 rows on Hopper; selected by EXL3_JAX_MOE_PLAN=wgmma until
+# blocks of 32 / 64 / 128 rows on Hopper; selected by EXL3_JAX_MOE_PLAN=wgmma until
 # moe_plans.WGMMA_AUTO is turned on). (1) gpu_validate_moe.py --quick: every section, the wgmma
 # plan forced at 40 tokens (accuracy, edge, overflow), poisoned outputs. (2) compute-sanitizer
 # memcheck of a decode, a prefill and a wgmma layer. (3) `bench moe` Qwen3-30B-A3B m 128-4096
@@ -9,10 +9,10 @@
 # forced (its prefill tok/s; the decode steps then run wgmma too: ignore them; call 47's
 # default: 7846 tok/s).
 # Predictions (Qwen3, H100): the layer at m = 512 891 -> 450-600 us, 1024 1646 -> 700-900,
-# 4096 4525 -> 1.6-2.2 ms (each CTA decodes its expert's 128 columns once per block of 64 rows
-# instead of once per warp-pair of n-tiles with activations re-read from global; the decode,
-# not the tensor core, bounds it: ~2.2 G weight decodes at 4096 at the dense wgmma's ~1.2 T/s
-# at 64-row tiles); m = 128 (forced: 32-row blocks for 8 routes per expert) slower than the
+# 4096 4525 -> 1.2-1.8 ms (each CTA decodes its expert's 128 columns once per block of 32-128
+# rows instead of once per warp-pair of n-tiles with activations re-read from global; the
+# decode, not the tensor core, bounds it: ~1.5 G weight decodes at 4096 with 128-row blocks at
+# the dense wgmma's ~1.15 T/s at 128-token tiles); m = 128 (forced: 32-row blocks for 8 routes per expert) slower than the
 # mma.sync kernel; e2e prefill 7.8k -> 11-14k tok/s. If (3) holds, turn WGMMA_AUTO on.
 CALL=call56
 timeout 240 python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 200 --out $RES/56_validate.json > $RES/56_validate.log 2>&1
