@@ -360,11 +360,21 @@ def launch_grouped_mma(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tens
     """cutlass_call entry: one slab passes its trellis as tw0..tw2 and bexp as etier / eslot
     (never read); tiers pass their slabs (the last repeated) and the expert -> tier, slot maps.
     A GroupedWgmmaConfig (one slab) runs the grouped wgmma kernel on tw0."""
-    if cutlass.const_expr(cfg.wgmma):
-        launch_grouped_wgmma(xw, tw0, bexp, out, cfg, stream)
+    _launch_grouped_gemm(xw, (tw0, tw1, tw2), bexp, etier, eslot, out, (xw, xw, xw), cfg,
+                         stream)
+
+
+def _launch_grouped_gemm(xw, tws, bexp, etier, eslot, out, rotate_args, cfg, stream,
+                         use_pdl: bool = False):
+    """One grouped GEMM on ``stream`` (from a cute.jit launch function, at trace time): the
+    grouped wgmma kernel for a GroupedWgmmaConfig (on tws[0]; an ordinary launch, since it has
+    no griddepcontrol of its own), else the mma.sync kernel (rotate_args: its xin, suh, scale;
+    use_pdl: a programmatic dependent launch)."""
+    if cfg.wgmma:
+        launch_grouped_wgmma(xw, tws[0], bexp, out, cfg, stream)
     else:
-        _grouped_mma_kernel(xw, tw0, tw1, tw2, bexp, etier, eslot, out, xw, xw, xw, cfg).launch(
-            grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
+        _grouped_mma_kernel(xw, *tws, bexp, etier, eslot, out, *rotate_args, cfg).launch(
+            grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream, use_pdl=use_pdl)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,23 +600,14 @@ def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tens
     if cutlass.const_expr(not cfg.fc1.rotate_in):
         _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
             grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
-    # (A grouped wgmma kernel is an ordinary launch: it has no griddepcontrol of its own.)
-    if cutlass.const_expr(cfg.fc1.wgmma):
-        launch_grouped_wgmma(cute.recast_tensor(xh, Uint32), t13a, bexp, part1, cfg.fc1, stream)
-    else:
-        _grouped_mma_kernel(cute.recast_tensor(xh, Uint32), t13a, t13b, t13c, bexp, etier,
-                            eslot, part1, x, suh13, scale1, cfg.fc1).launch(
-            grid=cfg.fc1.grid, block=(cfg.fc1.threads, 1, 1), stream=stream,
-            use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
+    _launch_grouped_gemm(cute.recast_tensor(xh, Uint32), (t13a, t13b, t13c), bexp, etier, eslot,
+                         part1, (x, suh13, scale1), cfg.fc1, stream,
+                         use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
     _activation_kernel(part1, svh13, suh2, rtok, rexp, scale1, xscale, xh2, scale2,
                        cfg.act).launch(
         grid=cfg.act.in_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
-    if cutlass.const_expr(cfg.fc2.wgmma):
-        launch_grouped_wgmma(cute.recast_tensor(xh2, Uint32), t2a, bexp, part2, cfg.fc2, stream)
-    else:
-        _grouped_mma_kernel(cute.recast_tensor(xh2, Uint32), t2a, t2b, t2c, bexp, etier,
-                            eslot, part2, x, suh13, scale2, cfg.fc2).launch(
-            grid=cfg.fc2.grid, block=(cfg.fc2.threads, 1, 1), stream=stream, use_pdl=cfg.pdl)
+    _launch_grouped_gemm(cute.recast_tensor(xh2, Uint32), (t2a, t2b, t2c), bexp, etier, eslot,
+                         part2, (x, suh13, scale2), cfg.fc2, stream, use_pdl=cfg.pdl)
     _combine_kernel(part2, svh2, rexp, route_row, weights, scale2, y, cfg.combine).launch(
         grid=(cfg.combine.blocks, 1, 1), block=(32 * cfg.combine.top_k, 1, 1), stream=stream,
         use_pdl=cfg.pdl)

@@ -47,6 +47,10 @@ class TokenTiles(KSplitShape):
     threads."""
 
     fused_out = False      # the kernel writes K-split partials (WgmmaGemmConfig's field: or y)
+    # One dense weight (WgmmaGemmConfig's fields: a grouped stack of ``experts`` weights per
+    # plane, ``planes`` x m_blocks token tiles, activations and partials per plane).
+    experts = 0
+    planes = 1
 
     @property
     def m_pad(self) -> int:
@@ -68,7 +72,7 @@ class TokenTiles(KSplitShape):
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (self.n16 // self.cta_n16, self.splits, self.m_blocks)
+        return (self.n16 // self.cta_n16, self.splits, self.planes * self.m_blocks)
 
     def check_token_tiling(self) -> None:
         """k, n multiples of 128; whole CTAs over n; whole chunks per K-split; a stage's units
@@ -83,8 +87,10 @@ class TokenTiles(KSplitShape):
         if self.stage_units % self.threads:
             raise ValueError(f"a stage's {self.stage_units} 16-byte units do not divide over "
                              f"{self.threads} threads")
-        words = self.k16 * self.n16 * lane_geometry(self.K).words
-        if max(words, self.m_pad * self.k // 2, self.splits * self.m_pad * self.n) >= 2**31:
+        words = self.planes * max(self.experts, 1) * self.k16 * self.n16 \
+            * lane_geometry(self.K).words
+        if max(words, self.planes * self.m_pad * self.k // 2,
+               self.splits * self.planes * self.m_pad * self.n) >= 2**31:
             raise ValueError("tensor too large for 32-bit indexing")
 
 

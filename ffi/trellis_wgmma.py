@@ -165,10 +165,6 @@ class WgmmaGemmConfig(TokenTiles):
     def stage_words(self) -> int:
         return self.m_tile * ROW_BYTES // 4
 
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.n16 // self.cta_n16, self.splits, self.planes * self.m_blocks)
-
     def validate(self) -> "WgmmaGemmConfig":
         if self.m_tile not in M_TILES:
             raise ValueError(f"m_tile {self.m_tile} must be one of {M_TILES}")
@@ -189,11 +185,6 @@ class WgmmaGemmConfig(TokenTiles):
         if self.experts and self.fused_out:
             raise ValueError("a grouped config writes partials (no fused_out)")
         self.check_token_tiling()
-        lead = self.planes * max(self.experts, 1)
-        if max(lead * self.k16 * self.n16 * lane_geometry(self.K).words,
-               self.planes * self.m_pad * self.k // 2,
-               self.splits * self.planes * self.m_pad * self.n) >= 2**31:
-            raise ValueError("tensor too large for 32-bit indexing")
         return self
 
 

@@ -24,6 +24,7 @@ BLOCK_M_CHOICES = (8, 16, 32, 48, 64)
 # The wgmma plan's blocks (wgmma's N; exl3_jax.ops.moe_plans): 128 rows past 64 routes per
 # expert, which the mma.sync kernel cannot hold.
 WGMMA_BLOCK_M_CHOICES = (32, 64, 128)
+_PACK_BLOCK_M = tuple(sorted(set(BLOCK_M_CHOICES + WGMMA_BLOCK_M_CHOICES)))   # pack_routes
 
 
 def select_block_m(num_routes: int, num_experts: int,
@@ -100,9 +101,8 @@ def pack_routes(ids, num_experts: int, block_m: int | None = None,
     T, top_k = ids.shape
     R = T * top_k
     bm = select_block_m(R, num_experts) if block_m is None else int(block_m)
-    allowed = sorted(set(BLOCK_M_CHOICES + WGMMA_BLOCK_M_CHOICES))
-    if bm not in allowed:
-        raise ValueError(f"block_m {bm} not in {allowed}")
+    if bm not in _PACK_BLOCK_M:
+        raise ValueError(f"block_m {bm} not in {list(_PACK_BLOCK_M)}")
     nb = max_blocks(R, num_experts, bm)
     rows = nb * bm
 

@@ -20,12 +20,5 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
     t "bench linear (fold rows) rc=$?"; grep -v -i warn $RES/52_linear_fold.log | grep -E "^ *4096" | cut -c1-110; save
     t done; return 0 2>/dev/null || exit 0 ;;
 esac
-timeout 110 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --kinds wgmma,wgmma_tight,wgmma_fused --m 33,128,1000 --budget-s 85 --out $RES/52_validate.json > $RES/52_validate.log 2>&1
-t "validate wgmma rc=$?"; tail -3 $RES/52_validate.log | cut -c1-200; save
-timeout 170 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16,32,128,1024,4096 --out $RES/52_linear.json > $RES/52_linear.log 2>&1
-t "bench linear rc=$?"; grep -v -i warn $RES/52_linear.log | grep -E "^ *(8192|4096)" | cut -c1-110 | head -70; save
-timeout 60 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/52_moe.json > $RES/52_moe.log 2>&1
-t "bench moe rc=$?"; grep -v -i warn $RES/52_moe.log | tail -8 | cut -c1-160; save
-(cd scripts && timeout 190 python3 gpu_e2e_decode.py --cases dense:1:512,dense_bf16:1:512,dense:8:64,dense_bf16:8:64,moe:1:512,moe:8:64 --codebook mcg --repeats 3 --budget-s 170 --hard-limit-s 185 --out $RES/52_e2e.json > $RES/52_e2e.log 2>&1)
-t "e2e rc=$?"; grep -E "tok/s" $RES/52_e2e.log | cut -c1-200 | head -8; save
+issue_table 52
 t done

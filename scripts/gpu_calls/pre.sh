@@ -96,3 +96,18 @@ ab_ring() {
   EXL3_JAX_PLAN=decode timeout ${5:-200} python3 scripts/gpu_linear_ab.py --bf16 --env EXL3_JAX_DECODE_RING --values "$4" --shapes $3 --K 4,3 --codebooks mcg,mul1 --m $2 --out $RES/$1.json > $RES/$1.log 2>&1
   t "ab $1 rc=$?"; ab_rows $RES/$1.log EXL3_JAX_DECODE_RING; save
 }
+# `issue_table TAG` (calls 47, 52): issue #5's table on the card that came: a hardware check of
+# the wgmma kinds (one-hot decode, GEMM rows with poisoned outputs at m 33 / 128 / 1000), `bench
+# linear` (8192x28672 and 4096x14336, K 3 / 4, mcg / mul1, m 1..4096), `bench moe` (Qwen3-30B-A3B,
+# m 1..8) and the e2e decode (Llama-3-8B geometry b1 / b8 against bf16, Qwen3-30B-A3B b1 / b8);
+# results $RES/TAG_*.
+issue_table() {
+  timeout 110 python3 scripts/gpu_validate.py --quick --no-bench --sections decode_exact,gemm --kinds wgmma,wgmma_tight,wgmma_fused --m 33,128,1000 --budget-s 85 --out $RES/${1}_validate.json > $RES/${1}_validate.log 2>&1
+  t "validate wgmma rc=$?"; tail -3 $RES/${1}_validate.log | cut -c1-200; save
+  timeout 170 python3 -m exl3_jax.cli bench linear --shapes 8192x28672,4096x14336 --K 3,4 --codebooks mcg,mul1 --m 1,4,16,32,128,1024,4096 --out $RES/${1}_linear.json > $RES/${1}_linear.log 2>&1
+  t "bench linear rc=$?"; grep -v -i warn $RES/${1}_linear.log | grep -E "^ *(8192|4096)" | cut -c1-110 | head -70; save
+  timeout 60 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --m 1,2,4,8 --out $RES/${1}_moe.json > $RES/${1}_moe.log 2>&1
+  t "bench moe rc=$?"; grep -v -i warn $RES/${1}_moe.log | tail -8 | cut -c1-160; save
+  (cd scripts && timeout 190 python3 gpu_e2e_decode.py --cases dense:1:512,dense_bf16:1:512,dense:8:64,dense_bf16:8:64,moe:1:512,moe:8:64 --codebook mcg --repeats 3 --budget-s 170 --hard-limit-s 185 --out $RES/${1}_e2e.json > $RES/${1}_e2e.log 2>&1)
+  t "e2e rc=$?"; grep -E "tok/s" $RES/${1}_e2e.log | cut -c1-200 | head -8; save
+}
