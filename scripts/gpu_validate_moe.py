@@ -9,8 +9,8 @@ listed):
               and a few cases with the unfused jnp glue and with x_scale) vs the jnp
               reference MoE (exl3_jax.ops.moe.moe_packed_reference, fp32 HIGHEST, run on the same
               GPU) for several codebooks x rates and token counts covering the plans (decode,
-              prefill, and on Hopper wgmma, forced at 40 and 300 tokens; auto at 300 tokens
-              where moe_plans.WGMMA_AUTO is on); pass:
+              prefill, and on Hopper wgmma: auto at 300 tokens (128-row blocks), forced at
+              40 (32-row blocks); the mma.sync prefill plan forced at 300 tokens); pass:
               relative L2 error <= 2e-3 and cosine >= 0.9999. One case also against the
               all-experts reference (moe_experts).
   decode_bitwise: in the decode plan each token of an m-token batch equals its own m=1 result
@@ -21,7 +21,8 @@ listed):
   edge:       no experts hit (all ids -1: output exactly 0), all experts hit, invalid ids mixed in.
   tiers:      mixed K3/K4 experts (exl3_jax.ops.moe.moe_tiered, gpu backend) vs the reference.
   geometry:   Qwen3-30B-A3B geometry (E128 H2048 I768 top-8) at m = 1, 8, 128, 1024 vs the
-              reference (1024: the wgmma plan on Hopper where auto takes it).
+              reference (1024: the wgmma plan on Hopper), and GLM-4.5-Air's / GLM-5.2 TP4's
+              H and I with 16 experts at 512 / 128 tokens (128- / 64-row wgmma blocks).
   dispatch:   exl3_jax.ops.moe with backend "auto" picks the GPU kernels and matches.
   bench:      (unless --no-bench) a few timings of the Qwen3 geometry (exl3_jax.ffi.bench).
 """
@@ -146,11 +147,11 @@ def case(rng, E, H, I, K, cb, T, top_k, invalid=0.0, plan=None, x_dtype=jnp.bflo
     return m, (x, ids, w, w13, down)
 
 
-def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
-    """Qwen3-30B-A3B geometry, m = 1 and 8: time of route packing, FC1 and FC2 alone, of the
-    whole layer (one custom call) with and without programmatic dependent launch and unfused,
-    and of the layer under a few alternative decode plans (n_tiles / warps / splits / unroll
-    of FC1 and FC2), to pick the decode plan."""
+def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
+    """Qwen3-30B-A3B geometry, auto plans at each m of ``ms``: time of route packing, FC1 and
+    FC2 alone, of the whole layer (one custom call) with and without programmatic dependent
+    launch and unfused; for decode plans also of the layer under a few alternative plans
+    (n_tiles / warps / splits / unroll of FC1 and FC2), to pick the decode plan."""
     import dataclasses
 
     from exl3_jax.ffi import bench as gb
@@ -192,6 +193,8 @@ def profile_decode(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         log(json.dumps(row))
         out["stages"].append(row)
+        if plan.kind != "decode":
+            continue
         variants = [(2, 8, 1, 4), (1, 8, 1, 4), (2, 4, 1, 4), (2, 8, 2, 4), (1, 4, 1, 4),
                     (2, 8, 1, 2), (1, 8, 2, 2), (2, 4, 2, 2), (4, 8, 1, 2)]
         for v1 in variants:
@@ -269,10 +272,12 @@ def run_validation(args) -> dict:
                             fused=fused, scaled=scaled, inter_valid=iv)
                 log(json.dumps(m))
                 rows.append(m)
-        # decode plan forced on a prefill-sized batch and prefill plan on a decode-sized one;
-        # on Hopper the wgmma plan forced on a batch whose blocks auto would give the mma.sync
-        # kernel (40 tokens: 10 routes per expert, 32-row blocks)
-        for T, plan in ((24, "prefill"), (3, "prefill")) + WGMMA_FORCED:
+        # decode plan forced on a prefill-sized batch and prefill plan on a decode-sized one
+        # and on the 16- and 64-row blocks that Hopper's auto gives the wgmma plan; on Hopper
+        # the wgmma plan forced on a batch whose blocks auto would give the mma.sync kernel
+        # elsewhere (40 tokens: 10 routes per expert, 32-row blocks)
+        for T, plan in ((24, "prefill"), (3, "prefill"), (40, "prefill"),
+                        (300, "prefill")) + WGMMA_FORCED[:1]:
             if budget.ok(f"accuracy forced {plan} T{T}"):
                 m, _ = case(rng, 8, 512, 256, 4, "mcg", T, 2, plan=plan)
                 log(json.dumps(m))
@@ -341,9 +346,10 @@ def run_validation(args) -> dict:
         log(json.dumps(res))
         return res
 
-    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0):
+    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0, inter=None):
         """Rows of metrics(gpu(x, ids, w), ref(x, ids, w)) on fresh tokens, one per T; with a
-        ``name``, a T past the time budget is skipped (listed as "<name> T<T>")."""
+        ``name``, a T past the time budget is skipped (listed as "<name> T<T>"); with the
+        intermediate size ``inter``, each row names its auto plan."""
         out = []
         for T in Ts:
             if name is not None and not budget.ok(f"{name} T{T}"):
@@ -351,6 +357,9 @@ def run_validation(args) -> dict:
             x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid)
             m = metrics(gpu(x, ids, w), ref(x, ids, w))
             m.update(T=T, ok=passes(m))
+            if inter is not None:       # the plan auto picked for this call
+                p = tm.plan_for(T, top_k, E, H, inter)
+                m.update(plan=p.kind, block_m=p.block_m)
             log(json.dumps(m))
             out.append(m)
         return dict(rows=out, ok=all(r["ok"] for r in out))
@@ -386,8 +395,23 @@ def run_validation(args) -> dict:
     def geometry():
         E, H, I, top_k = 128, 2048, 768, 8
         w13, down = random_moe(rng, E, H, I, 4, "mcg")
-        return versus_reference("geometry", (1, 8, 128, 1024), H, top_k, E,
-                                lambda *t: _gpu(*t, w13, down), lambda *t: _ref(*t, w13, down))
+        out = versus_reference("geometry", (1, 8, 128, 1024), H, top_k, E,
+                               lambda *t: _gpu(*t, w13, down), lambda *t: _ref(*t, w13, down),
+                               inter=I)
+        # GLM-4.5-Air's and GLM-5.2 TP4's H and I (I 1408: an odd count of 128-column tiles;
+        # FC2's k 512 and 1408) with 16 experts, so that prefill-sized batches fill 64- and
+        # 128-row blocks (the wgmma plan on Hopper) without 2 G reference weights.
+        for name, H2, I2, T, cb in (("glm-4.5-air", 4096, 1408, 512, "mul1"),
+                                    ("glm-5.2-tp4", 6144, 512, 128, "mcg")):
+            if not budget.ok(f"geometry {name}"):
+                continue
+            w13b, downb = random_moe(rng, 16, H2, I2, 3, cb)
+            res = versus_reference(f"geometry {name}", (T,), H2, top_k, 16,
+                                   lambda *t: _gpu(*t, w13b, downb),
+                                   lambda *t: _ref(*t, w13b, downb), inter=I2)
+            out[name] = res
+            out["ok"] = out["ok"] and res["ok"]
+        return out
 
     def dispatch():
         from exl3_jax.ops.moe import resolve_moe_backend
@@ -445,8 +469,9 @@ def run_validation(args) -> dict:
         section("bench", bench)
 
         def profile():
-            return profile_decode(log=log, budget_s=args.profile_s,
-                                  ms=(1,) if args.quick else (1, 8))
+            ms = tuple(int(v) for v in args.profile_m.split(",")) if args.profile_m else \
+                (1,) if args.quick else (1, 8)
+            return profile_layer(log=log, budget_s=args.profile_s, ms=ms)
         section("profile", profile)
     report["skipped"] = budget.skipped
     report["ok"] = all(v.get("ok", False) for k, v in report["sections"].items()
@@ -509,6 +534,8 @@ def main(argv=None) -> int:
                     help="fewer accuracy cases; bench of all three geometries at m 1/8/128/4096")
     ap.add_argument("--bench-s", type=float, default=90.0, help="bench budget with --quick")
     ap.add_argument("--profile-s", type=float, default=60.0)
+    ap.add_argument("--profile-m", default=None,
+                    help="token counts of the profile section (default 1,8; 1 with --quick)")
     ap.add_argument("--sections", default=None,
                     help="comma list of sections to run (default: all; bench and profile "
                          "follow --no-bench)")

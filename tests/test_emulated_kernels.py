@@ -104,9 +104,11 @@ def test_moe_validation_passes_on_the_emulated_kernels(validation_reports):
     assert {k: v.get("ok") for k, v in sections.items()} == dict.fromkeys(sections, True), \
         {k: str(v)[:800] for k, v in sections.items() if not v.get("ok")}
     assert report["ok"] and not report["skipped"] and rc == 0, err[-4000:]
-    # The wgmma plan (forced: the emulated arch is sm_90a) ran with 32- and 128-row blocks.
+    # The wgmma plan (the emulated arch is sm_90a: auto at 300 tokens, forced at 40) ran with
+    # 32- and 128-row blocks, and the mma.sync prefill plan with 64-row blocks (forced).
     rows = sections["accuracy"]["rows"]
     assert {r["block_m"] for r in rows if r.get("plan") == "wgmma"} == {32, 128}, rows
+    assert 64 in {r["block_m"] for r in rows if r.get("plan") == "prefill"}, rows
     assert sections["edge"]["all_experts_hit_wgmma"]["ok"]
 
 

@@ -186,9 +186,10 @@ def test_gemm_override(monkeypatch):
 
 
 def test_wgmma_plan_selection():
-    """On Hopper auto takes the wgmma plan for prefill blocks of >= 32 rows, never for decode
-    plans or elsewhere; its blocks are the smallest of 32 / 64 / 128 rows (wgmma's N) that hold
-    the average routes per expert; forcing it works at any size."""
+    """On Hopper auto takes the wgmma plan for prefill blocks of >= 16 rows (more than 8 routes
+    per expert), never for decode plans or elsewhere; its blocks are the smallest of 32 / 64 /
+    128 rows (wgmma's N) that hold the average routes per expert; forcing it works at any
+    size."""
     from exl3_jax.ops.moe_plans import WGMMA_MIN_BLOCK_M
     for H, I, E, top_k in ((2048, 768, 128, 8), (4096, 1408, 128, 8), (256, 128, 8, 2)):
         for T in (1, 8, 32, 33, 64, 256, 512, 640, 1024, 1025, 4096):
@@ -201,6 +202,10 @@ def test_wgmma_plan_selection():
                 assert p.blocks == max_blocks(T * top_k, E, p.block_m)
             else:
                 assert p == ref
+    # Qwen3-30B-A3B: 8 routes per expert stay on the mma.sync kernel, 8.06 and 12 take wgmma
+    assert moe_plan(128, 8, 128, 2048, 768, hopper=True).kind == "prefill"
+    assert moe_plan(129, 8, 128, 2048, 768, hopper=True).kind == "wgmma"
+    assert moe_plan(192, 8, 128, 2048, 768, hopper=True).block_m == 32
     assert moe_plan(640, 8, 128, 2048, 768).block_m == 48          # 40 routes per expert
     assert moe_plan(640, 8, 128, 2048, 768, hopper=True).block_m == 64
     assert moe_plan(1025, 8, 128, 2048, 768, hopper=True).block_m == 128   # 64.06 per expert

@@ -26,12 +26,14 @@ from .plans import (DECODE_MAX_M, DEFAULT_SMS, PLAN_KINDS,   # the dense GEMM's 
                     plan_kind)
 
 DEFAULT_CAPACITY = 4096
-WGMMA_MIN_BLOCK_M = 32     # auto takes wgmma where the prefill blocks hold >= 32 rows
-# Whether auto takes the wgmma plan on Hopper (exl3_jax.ffi.trellis_moe.plan_for). Off until it
-# is timed against the mma.sync prefill plan on the hardware (session 31 built it and checked
-# it through the PTX interpreter, then had no device time left: bench/NOTES.md); meanwhile
-# EXL3_JAX_MOE_PLAN=wgmma selects it.
-WGMMA_AUTO = False
+# Auto takes wgmma where the prefill blocks hold >= 16 rows (more than 8 routes per expert): on
+# Qwen3-30B-A3B (H100, call 57) wgmma's 32-row blocks ran 12 and 16 routes per expert 13% and 23%
+# faster than the mma.sync kernel's 16-row blocks, and 8 routes 24% slower than its 8-row ones.
+WGMMA_MIN_BLOCK_M = 16
+# Whether auto takes the wgmma plan on Hopper (exl3_jax.ffi.trellis_moe.plan_for). On since
+# session 32's calls 56-57 (H100, against the mma.sync prefill plan: Qwen3-30B-A3B m = 1024
+# 1629 -> 806 us, 4096 4408 -> 1995; GLM-4.5-Air 4652 -> 2027, 13390 -> 5080; bench/NOTES.md).
+WGMMA_AUTO = True
 PACKINGS = ("sorted", "per_route")
 PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
 
