@@ -306,19 +306,42 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
               l2: str = "cold") -> list[dict]:
     """Microseconds per MoE layer (jitted loop) for each geometry and token count m, with the
     touched experts' roofline (max of HBM time of their bytes and decode ALU time of their
-    weights, anchors.md rates) and an unfused ragged_dot baseline in the same run. l2:
+    weights, anchors.md rates) and an unfused ragged_dot baseline in the same run. K: a rate,
+    or a tuple of rates for a mixed-bitrate layer (experts dealt round-robin to one tier slab
+    per rate, run through ops.moe.moe_tiered: one custom call). l2:
     "cold" (the loop's calls cycle through routed_variants, so the touched experts are not
     the same call after call and come from HBM as in a model) or "warm" (one routing: its
     experts stay in the L2 across the loop, the method before session 24)."""
+    import importlib
+
     from exl3_jax.ffi import trellis_moe as tm
+    moe_ops = importlib.import_module("exl3_jax.ops.moe")   # (exl3_jax.ops.moe is the function)
     check_l2(l2)
+    tiers = tuple(K) if isinstance(K, (tuple, list)) else None
 
     deadline = time.time() + budget_s if budget_s else None
     rows = []
     for name in geometries or list(MOE_GEOMETRIES):
         H, I, E, top_k = MOE_GEOMETRIES[name]
-        w13, down = random_moe_weights(H, I, E, K, codebook)
-        per_expert_bytes = (w13.nbytes + down.nbytes) // E
+        if tiers:
+            expert_tier = jnp.asarray(np.arange(E) % len(tiers), jnp.int32)
+            expert_slot = jnp.asarray(np.arange(E) // len(tiers), jnp.int32)
+            slabs = [random_moe_weights(H, I, int((np.arange(E) % len(tiers) == t).sum()), Kt,
+                                        codebook, seed=t) for t, Kt in enumerate(tiers)]
+            experts = (slabs, moe_ops.tier_glue(slabs, expert_tier, expert_slot))
+
+            def layer(x, ids, w, experts, fused=True):
+                slabs, glue = experts
+                return moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot,
+                                          backend="gpu", glue=glue)
+        else:
+            experts = random_moe_weights(H, I, E, K, codebook)
+
+            def layer(x, ids, w, experts, fused=True):
+                return tm.moe_gpu(x, ids, w, *experts, fused=fused)
+        w13, down = experts[0][0] if tiers else experts
+        per_expert_bytes = sum(a.nbytes + b.nbytes
+                               for a, b in (experts[0] if tiers else [experts])) // E
         per_expert_weights = 3 * H * I
         dense = None
         if baseline:            # stands in for the dequantized experts (same shapes, bf16)
@@ -337,7 +360,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             mma_us = 1e6 * 2 * m * top_k * per_expert_weights / MMA_FLOPS   # useful FLOPs only
             floor_us = max(hbm_us, alu_us, mma_us)
             iters = int(max(8, min(128, 2e4 / max(1, m))))
-            plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
+            plan = tm.plan_for(m, top_k, E, w13.k, w13.n)
             idv = routed_variants(ids, E) if l2 == "cold" else [ids]
             row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
                        l2=l2,
@@ -347,17 +370,17 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                        decode_floor_us=alu_us, mma_floor_us=mma_us, floor_us=floor_us)
             try:
                 row["us"] = 1e6 * time_in_loop(
-                    lambda x, ids, w, a, b: tm.moe_gpu(x, ids, w, a, b), (x, ids, wts, w13, down),
-                    iters=iters, reps=3, variants=[(i, wts, w13, down) for i in idv])
+                    layer, (x, ids, wts, experts), iters=iters, reps=3,
+                    variants=[(i, wts, experts) for i in idv])
                 row["floor_ratio"] = row["us"] / floor_us
             except Exception as e:   # noqa: BLE001 -- record and continue
                 row["us"], row["error"] = float("nan"), f"{type(e).__name__}: {e}"[:500]
-            if unfused:   # the jnp-glue variant (8 launches + XLA) for comparison
+            if unfused and not tiers:   # the jnp-glue variant (8 launches + XLA)
                 try:
                     row["unfused_us"] = 1e6 * time_in_loop(
-                        lambda x, ids, w, a, b: tm.moe_gpu(x, ids, w, a, b, fused=False),
-                        (x, ids, wts, w13, down), iters=iters, reps=3,
-                        variants=[(i, wts, w13, down) for i in idv])
+                        lambda x, ids, w, e: layer(x, ids, w, e, fused=False),
+                        (x, ids, wts, experts), iters=iters, reps=3,
+                        variants=[(i, wts, experts) for i in idv])
                 except Exception as e:   # noqa: BLE001
                     row["unfused_error"] = f"{type(e).__name__}: {e}"[:300]
             try:          # the loop's own per-call cost (x + 0 * y chaining, one read), in "us"
@@ -395,7 +418,9 @@ def main_moe(argv=None) -> int:
     p = argparse.ArgumentParser(description="grouped Trellis MoE vs roofline and ragged_dot")
     p.add_argument("--geometries", default=",".join(MOE_GEOMETRIES))
     p.add_argument("--m", default=None, help="token counts (default: the issue's list)")
-    p.add_argument("--K", default="4")
+    p.add_argument("--K", default="4",
+                   help="rate, or rates joined by + (e.g. 3+4) for a mixed-bitrate layer: "
+                        "experts dealt round-robin to one tier per rate")
     p.add_argument("--codebook", default="mcg")
     p.add_argument("--quick", action="store_true",
                    help=f"m in {MOE_QUICK_M}, 120 s budget (about 2 minutes)")
@@ -408,7 +433,8 @@ def main_moe(argv=None) -> int:
     a = p.parse_args(argv)
     ms = [int(v) for v in a.m.split(",")] if a.m else list(MOE_QUICK_M if a.quick else MOE_M)
     budget = a.budget_s or (120.0 if a.quick else None)
-    K = float(a.K) if "." in a.K else int(a.K)
+    rates = tuple(float(v) if "." in v else int(v) for v in a.K.split("+"))
+    K = rates[0] if len(rates) == 1 else rates
     rows = bench_moe(a.geometries.split(","), ms, K, a.codebook, budget_s=budget,
                      baseline=not a.no_baseline, l2=a.l2)
     result = {"versions": versions(), "l2": a.l2, "rows": rows}

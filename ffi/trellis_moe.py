@@ -41,7 +41,8 @@ with grid barriers of issue #6 (the phases stay separate kernels). Mixed-bitrate
 experts (``tiers``) share the same launches: one packing over the global expert ids, the glue
 kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
 (its own K and codebook) and pick each block's tier and slot from the expert -> (tier, slot)
-maps (tiered layers keep the rotate_in kernel). With
+maps (tiered layers keep the rotate_in kernel); the wgmma plan's GEMMs instead launch the
+grouped wgmma kernel once per tier, each launch writing its own tier's blocks. With
 EXL3_JAX_MOE_FUSED=0 (or expert biases) steps 1, 3 and 5 run as jnp glue around the plain
 Hadamard kernels of ffi/hadamard.py (6 CuTe launches + XLA fusions); kept as a cross-check.
 
@@ -190,12 +191,34 @@ class GroupedMmaConfig(MmaTiling):
 class GroupedWgmmaConfig(WgmmaGemmConfig):
     """One grouped GEMM of a "wgmma" plan (Hopper): the dense wgmma kernel's grouped form
     (trellis_wgmma: experts > 0), blocks of m_tile rows (32, 64 or 128) as its token tiles,
-    one slab, row-major activations, fp32 partials [splits, planes, rows, n] as
-    GroupedMmaConfig's."""
+    row-major activations, fp32 partials [splits, planes, rows, n] as GroupedMmaConfig's.
+    Tier slabs (``tiers`` as GroupedMmaConfig's: codebook, K and experts of each; ``experts``
+    the layer's global E) take one launch each (launch_configs: the decode's K is a
+    compile-time parameter of the kernel), each writing its own tier's blocks."""
+    tiers: tuple = ()
     wgmma = True
-    tiers = ()
     rotate_in = False
     x_layout = "rows"
+
+    def launch_configs(self) -> list:
+        """The kernel launches of this GEMM: one per tier slab (trellis_wgmma's ``tier``), or
+        this config for one slab."""
+        if not self.tiers:
+            return [self]
+        return [WgmmaGemmConfig(**{f.name: getattr(self, f.name)
+                                   for f in dataclasses.fields(WgmmaGemmConfig)}
+                                | dict(codebook=codebook, K=K, experts=experts, tier=t,
+                                       tier_count=len(self.tiers),
+                                       global_experts=self.experts))
+                for t, (codebook, K, experts) in enumerate(self.tiers)]
+
+    def validate(self) -> "GroupedWgmmaConfig":
+        if len(self.tiers) > MAX_TIERS:
+            raise ValueError(f"{len(self.tiers)} tiers; at most {MAX_TIERS}")
+        if self.tiers:
+            for c in self.launch_configs():
+                c.validate()
+        return super().validate()
 
     @property
     def block_m(self) -> int:
@@ -359,7 +382,7 @@ def launch_grouped_mma(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tens
                        eslot: cute.Tensor, out: cute.Tensor, cfg: cutlass.Constexpr):
     """cutlass_call entry: one slab passes its trellis as tw0..tw2 and bexp as etier / eslot
     (never read); tiers pass their slabs (the last repeated) and the expert -> tier, slot maps.
-    A GroupedWgmmaConfig (one slab) runs the grouped wgmma kernel on tw0."""
+    A GroupedWgmmaConfig runs the grouped wgmma kernel (once per tier slab)."""
     _launch_grouped_gemm(xw, (tw0, tw1, tw2), bexp, etier, eslot, out, (xw, xw, xw), cfg,
                          stream)
 
@@ -367,11 +390,12 @@ def launch_grouped_mma(stream, xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tens
 def _launch_grouped_gemm(xw, tws, bexp, etier, eslot, out, rotate_args, cfg, stream,
                          use_pdl: bool = False):
     """One grouped GEMM on ``stream`` (from a cute.jit launch function, at trace time): the
-    grouped wgmma kernel for a GroupedWgmmaConfig (on tws[0]; an ordinary launch, since it has
-    no griddepcontrol of its own), else the mma.sync kernel (rotate_args: its xin, suh, scale;
-    use_pdl: a programmatic dependent launch)."""
+    grouped wgmma kernel for a GroupedWgmmaConfig (one launch per tier slab, tier t on tws[t];
+    ordinary launches, since it has no griddepcontrol of its own), else the mma.sync kernel
+    (rotate_args: its xin, suh, scale; use_pdl: a programmatic dependent launch)."""
     if cfg.wgmma:
-        launch_grouped_wgmma(xw, tws[0], bexp, out, cfg, stream)
+        for t, c in enumerate(cfg.launch_configs()):
+            launch_grouped_wgmma(xw, tws[t], bexp, etier, eslot, out, c, stream)
     else:
         _grouped_mma_kernel(xw, *tws, bexp, etier, eslot, out, *rotate_args, cfg).launch(
             grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream, use_pdl=use_pdl)
@@ -632,11 +656,10 @@ def grouped_config(weights, gp: MoeGemmPlan, plan: MoePlan) -> GroupedMmaConfig:
     tiers = () if isinstance(weights, Exl3Weight) else tuple(
         (t.codebook, t.K, t.stack_shape[-1]) for t in slabs)
     if plan.kind == "wgmma":
-        if tiers:
-            raise ValueError("the wgmma plan serves one slab; tier slabs take the prefill plan")
         return GroupedWgmmaConfig(codebook=w.codebook, K=w.K, m_blocks=plan.blocks, k=w.k,
-                                  n=w.n, m_tile=plan.block_m, experts=stack[-1],
-                                  planes=planes).validate()
+                                  n=w.n, m_tile=plan.block_m,
+                                  experts=plan.experts if tiers else stack[-1], planes=planes,
+                                  tiers=tiers).validate()
     return GroupedMmaConfig(codebook=w.codebook, K=w.K,
                             experts=plan.experts if tiers else stack[-1], planes=planes,
                             k=w.k, n=w.n, block_m=plan.block_m, blocks=plan.blocks,
@@ -937,8 +960,6 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
     H, I = w0.k, w0.n
     if not isinstance(plan, MoePlan):
         plan = plan_for(T, top_k, E, H, I, plan)
-    if tiers is not None and plan.kind == "wgmma":     # tier slabs: the mma.sync kernel only
-        plan = plan_for(T, top_k, E, H, I, "prefill")
     rows = plan.rows
     x = _pad(x, H)
 
@@ -1019,7 +1040,8 @@ def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int
     down leaves); compiles every CuTe kernel of the layer for CUTE_DSL_ARCH. scaled: with an
     x_scale operand (the bf16 model path); inter_valid: logical I < padded I. tiers: a list of
     (codebook, K): the E experts dealt round-robin to these tiers and run through
-    ops.moe.moe_tiered (one set of launches; K and codebook unused)."""
+    ops.moe.moe_tiered (auto plan), or moe_gpu with its tier tables (a plan named); one custom
+    call either way (K and codebook unused)."""
     from jax import export
 
     from exl3_jax.format.spec import width_from_rate
@@ -1042,8 +1064,13 @@ def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int
                 t13, suh13, svh13, t2, suh2, svh2 = leaves[6 * t:6 * t + 6]
                 slabs.append((Exl3Weight(t13, suh13, svh13, None, cb, Kt, H, iv),
                               Exl3Weight(t2, suh2, svh2, None, cb, Kt, iv, H)))
-            return moe_ops.moe_tiered(x, ids, wts, slabs, expert_tier, expert_slot,
-                                      backend="gpu")
+            if plan is None:
+                return moe_ops.moe_tiered(x, ids, wts, slabs, expert_tier, expert_slot,
+                                          backend="gpu")
+            maps = (jnp.asarray(expert_tier), jnp.asarray(expert_slot),
+                    moe_ops.tier_glue(slabs, expert_tier, expert_slot))
+            return moe_gpu(x, ids, wts, [s[0] for s in slabs], [s[1] for s in slabs], plan=plan,
+                           tiers=maps)
 
         args = [sds((tokens, H), jnp.bfloat16), sds((tokens, top_k), jnp.int32),
                 sds((tokens, top_k), jnp.float32)]

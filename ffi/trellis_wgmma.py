@@ -37,7 +37,10 @@ Grouped (``experts`` > 0: the MoE's prefill GEMMs, ffi/trellis_moe.py): the toke
 route-packed blocks of m_tile rows, each multiplied by the trellis of its own expert (bexp
 [blocks]) in a stack [planes, experts, k/16, n/16, W/2]; grid z runs over planes x blocks and
 the rows of plane p start at p * m_pad. A block without an expert (-1) skips the k loop and
-writes zeros.
+writes zeros. Mixed-bitrate layers (``tier`` >= 0) launch the kernel once per tier slab: bexp
+holds the layer's global expert ids, etier / eslot [global_experts] map them to (tier, slot), a
+launch multiplies the blocks of its own tier's experts and leaves every other block's partials
+to that tier's launch (blocks without an expert: tier 0's, zeros).
 
 Per STEP_BATCH = 2 k16 steps a warp: reads its two tiles' words from its ring slot and decodes
 them (overlapping the warpgroup's previous batch, in flight), wgmma.fence, one wgmma
@@ -58,7 +61,8 @@ Layout contract (flat, sizes static):
                                   with fused_out y [m_pad, n], the linear's output (padded
                                   rows included; the caller keeps the first m)
   grouped: xw [planes, m_pad, k/2], tw [planes, experts, k/16, n/16, W/2], out [splits,
-                                  planes, m_pad, n], bexp int32 [m_blocks] (dense: unread)
+                                  planes, m_pad, n], bexp int32 [m_blocks] (dense: unread);
+                                  tiers: etier, eslot int32 [global_experts]
   svh, bias: float16 [n]; scale: float32 [m_pad] (the input transform's row scales): read by
                                   the fused_out epilogue only
 """
@@ -131,6 +135,11 @@ class WgmmaGemmConfig(TokenTiles):
     # and its planes (the MoE's FC1: gate and up).
     experts: int = 0
     planes: int = 1
+    # One tier slab of a mixed-bitrate layer (see the module docstring): its index of
+    # tier_count, and the layer's expert count (bexp's range); -1: bexp indexes the stack.
+    tier: int = -1
+    tier_count: int = 0
+    global_experts: int = 0
 
     chunk_steps = K_CHUNK
     stages = ACTIVATION_STAGES
@@ -184,6 +193,10 @@ class WgmmaGemmConfig(TokenTiles):
                              f"grouped (experts > 0) config")
         if self.experts and self.fused_out:
             raise ValueError("a grouped config writes partials (no fused_out)")
+        if self.tier >= 0 and not (self.experts and self.global_experts >= 1
+                                   and self.tier < self.tier_count):
+            raise ValueError(f"tier {self.tier} of {self.tier_count} needs a grouped config and "
+                             f"the layer's expert count (global_experts {self.global_experts})")
         self.check_token_tiling()
         return self
 
@@ -412,7 +425,8 @@ def _fused_epilogue(d, base, y, svh, bias, scale, bx, m0, warp, lane, cfg):
 @cute.kernel
 def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
                           svh: cute.Tensor, bias: cute.Tensor, scale: cute.Tensor,
-                          bexp: cute.Tensor, cfg: cutlass.Constexpr):
+                          bexp: cute.Tensor, etier: cute.Tensor, eslot: cute.Tensor,
+                          cfg: cutlass.Constexpr):
     geo = lane_geometry(cfg.K)
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     tn = bx * cfg.cta_n16 + warp
@@ -420,6 +434,7 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     ks0 = by * cfg.k_per_split
     chunks = cfg.chunks
     plane = 0
+    writes = True
     if cutlass.const_expr(cfg.experts > 0):
         # Grouped: this block's expert picks its stack of tiles (tn's flat tile index counts
         # the stacks before it; validate keeps every word index below 2^31); a block without
@@ -427,6 +442,18 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
         plane = bz // cfg.m_blocks
         blk = bz % cfg.m_blocks
         expert = Int32(bexp[blk])
+        if cutlass.const_expr(cfg.tier >= 0):
+            # A tier's launch: its own experts' blocks, and (tier 0) the blocks of no tier
+            # (no expert, or an expert in no tier: zeros); any other block is another
+            # launch's, left unwritten.
+            known = (expert >= 0) & (expert < cfg.global_experts)
+            g_safe = cutlass.select_(known, expert, Int32(0))
+            owner = cutlass.select_(known, Int32(etier[g_safe]), Int32(-1))
+            mine = owner == cfg.tier
+            writes = mine
+            if cutlass.const_expr(cfg.tier == 0):
+                writes = mine | (owner < 0) | (owner >= cfg.tier_count)
+            expert = cutlass.select_(mine, Int32(eslot[g_safe]), Int32(-1))
         live = (expert >= 0) & (expert < cfg.experts)
         e_safe = cutlass.select_(live, expert, Int32(0))
         tn = (plane * cfg.experts + e_safe) * (cfg.k16 * cfg.n16) + tn
@@ -477,13 +504,20 @@ def _trellis_wgmma_kernel(xw: cute.Tensor, tw: cute.Tensor, out: cute.Tensor,
     d = wgmma_wait_acc([acc[i] for i in range(cfg.acc_regs)])
     if cutlass.const_expr(cfg.fused_out):
         _fused_epilogue(d, base, out, svh, bias, scale, bx, m0, warp, lane, cfg)
+    elif cutlass.const_expr(cfg.tier >= 0):
+        if writes:
+            _store_partials(d, out, bx, by, m0, warp, lane, cfg)
     else:
-        # m0 counts the planes before this one (grouped), so by's partials start at
-        # by * planes * m_pad rows.
-        for i in cutlass.range_constexpr(cfg.acc_regs):
-            row, col = d_fragment_position(warp, lane, i)
-            out[(by * cfg.planes * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16
-                + col] = d[i]
+        _store_partials(d, out, bx, by, m0, warp, lane, cfg)
+
+
+def _store_partials(d, out, bx, by, m0, warp, lane, cfg):
+    """The accumulators d as fp32 partials (plain Python, inlined at trace time). m0 counts the
+    planes before this one (grouped), so by's partials start at by * planes * m_pad rows."""
+    for i in range(cfg.acc_regs):
+        row, col = d_fragment_position(warp, lane, i)
+        out[(by * cfg.planes * cfg.m_pad + m0 + row) * cfg.n + bx * 16 * cfg.cta_n16
+            + col] = d[i]
 
 
 @cute.jit
@@ -493,14 +527,16 @@ def launch_trellis_wgmma(stream, xw: cute.Tensor, tw: cute.Tensor, svh: cute.Ten
     """cutlass_call entry (dense): out is the fp32 partials [splits, m_pad, n], or with
     fused_out y [m_pad, n] (svh f16 [n], bias f16 [n] (any f16 [n] when not biased), scale f32
     [m_pad]: the input transform's row scales; unused without fused_out)."""
-    _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, scale, cfg).launch(
+    _trellis_wgmma_kernel(xw, tw, out, svh, bias, scale, scale, scale, scale, cfg).launch(
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
-def launch_grouped_wgmma(xw, tw, bexp, out, cfg, stream):
+def launch_grouped_wgmma(xw, tw, bexp, etier, eslot, out, cfg, stream):
     """The grouped kernel on ``stream`` from inside another cute.jit launch function (the MoE
-    layer's): partials [splits, planes, m_pad, n] of each block's rows against its expert."""
-    _trellis_wgmma_kernel(xw, tw, out, bexp, bexp, bexp, bexp, cfg).launch(
+    layer's): partials [splits, planes, m_pad, n] of each block's rows against its expert (with
+    cfg.tier >= 0, of the blocks whose expert etier puts in that tier; one slab: etier and
+    eslot are never read)."""
+    _trellis_wgmma_kernel(xw, tw, out, bexp, bexp, bexp, bexp, etier, eslot, cfg).launch(
         grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream)
 
 

@@ -15,6 +15,7 @@ The kernels' numerics are validated on the H200 by scripts/gpu_validate.py (benc
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -1481,5 +1482,19 @@ def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
         assert len({id(t) for t in seen}) == distinct       # one tracer per routing
     with pytest.raises(ValueError, match="l2 must be"):
         bench.bench_moe(ms=[2], l2="hot")
+    # K3 + K4 tiers: experts dealt round-robin to two slabs, one moe_tiered call per layer
+    moe_mod = importlib.import_module("exl3_jax.ops.moe")
+    tiered = []
+
+    def fake_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend=None, glue=None):
+        tiered.append(([(a.K, a.stack_shape, b.stack_shape) for a, b in slabs],
+                       np.asarray(expert_tier).tolist(), np.asarray(expert_slot).tolist(),
+                       backend, glue is not None))
+        return x.astype(jnp.float32)
+    monkeypatch.setattr(moe_mod, "moe_tiered", fake_tiered)
+    rows = bench.bench_moe(ms=[2], K=(3, 4), l2="warm", baseline=False, log=lambda *_: None)
+    assert rows[0]["K"] == (3, 4) and rows[0]["us"] > 0 and "error" not in rows[0], rows[0]
+    assert tiered[0] == ([(3, (2, 8), (8,)), (4, (2, 8), (8,))], [0, 1] * 8,
+                         [e // 2 for e in range(16)], "gpu", True)
     wt = bench.random_weight(256, 128, 2.5, "mul1")
     assert wt.trellis.shape == (16, 8, 40) and wt.K == 2.5

@@ -28,11 +28,12 @@ CASES = [
     ["mul1", 3.5, 1, "decode", 128, 2048, 768, 8],
 ]
 # Mixed-bitrate layers, each served by one set of launches (the grouped GEMMs carry one k loop
-# per tier): two tiers (decode), three tiers with a half rate (decode, and prefill blocks).
+# per tier): two tiers (decode), three tiers with a half rate (decode), prefill blocks (forced:
+# on sm_90a auto gives 40 tokens the wgmma plan, WGMMA_CASES).
 TIER_CASES = [
     ["mcg:3+mul1:4", 0, 2, None, 8, 256, 128, 2],
     ["mcg:3+3inst:2+mul1:3.5", 0, 3, None, 12, 256, 256, 2],
-    ["mcg:4+mul1:5", 0, 40, None, 8, 256, 128, 2],
+    ["mcg:4+mul1:5", 0, 40, "prefill", 8, 256, 128, 2],
 ]
 
 
@@ -76,12 +77,13 @@ def test_moe_kernels_compile_and_export(arch, tmp_path):
 
 
 # The wgmma plan (Hopper only: sm_90a): blocks of 128, 64 and 32 rows, each codebook, a half
-# rate, x_scale and a padded intermediate size.
+# rate, x_scale, a padded intermediate size, and a two-tier layer (one launch per tier, auto).
 WGMMA_CASES = [
     ["mcg", 4, 300, "wgmma", 8, 256, 256, 2],
     ["mul1", 3, 100, "wgmma", 8, 256, 128, 2],
     ["3inst", 2, 40, "wgmma", 8, 256, 256, 2, True, 200],
     ["mul1", 2.5, 200, "wgmma", 8, 256, 128, 2],
+    ["mcg:3+mul1:4", 0, 40, None, 8, 256, 128, 2],
 ]
 
 
@@ -89,15 +91,16 @@ WGMMA_CASES = [
 def test_moe_wgmma_plan_compiles_for_hopper(tmp_path):
     rows = check_rows("exl3_jax.ffi.trellis_moe", WGMMA_CASES, "sm_90a",
                       env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)})
-    assert {moe_plan(c[2], c[7], c[4], c[5], c[6], kind=c[3]).block_m
-            for c in WGMMA_CASES} == {32, 64, 128}
+    plans = [moe_plan(c[2], c[7], c[4], c[5], c[6], kind=c[3], hopper=True) for c in WGMMA_CASES]
+    assert {p.kind for p in plans} == {"wgmma"} and {p.block_m for p in plans} == {32, 64, 128}
     if helpers_sass.nvdisasm() is not None:
         assert list(tmp_path.glob("*.cubin"))
         assert helpers_sass.spilling_cubins(tmp_path) == {}
-    for row in rows:      # both GEMMs on the grouped wgmma kernel, in the one custom call
+    for row in rows:      # both GEMMs on the grouped wgmma kernel (per tier), in one custom call
+        launches = len(row["tiers"] or [None])
         assert row["calls"] == 1, row
-        assert row["kernels"] == ["_activation_kernel", "_combine_kernel", "_rotate_in_kernel",
-                                  "_trellis_wgmma_kernel", "_trellis_wgmma_kernel"], row
+        assert row["kernels"] == ["_activation_kernel", "_combine_kernel", "_rotate_in_kernel"] \
+            + ["_trellis_wgmma_kernel"] * (2 * launches), row
 
 
 DISPATCH_EXPORT = """

@@ -217,8 +217,8 @@ def test_wgmma_plan_selection():
 
 @needs_cutlass
 def test_wgmma_plan_configs():
-    # Both GEMMs of a wgmma plan get the grouped wgmma kernel's config; tier slabs are refused
-    # (moe_gpu gives a tiered layer the prefill plan instead).
+    # Both GEMMs of a wgmma plan get the grouped wgmma kernel's config; tier slabs get one
+    # launch config per tier (its codebook, K and slab size; bexp's global expert range).
     from exl3_jax.ffi import trellis_moe as tm
     plan = moe_plan(200, 2, 8, 256, 256, hopper=True)
     w13 = Exl3Weight(jnp.zeros((2, 8, 16, 16, 64), jnp.int16), jnp.ones((2, 8, 256)),
@@ -229,8 +229,16 @@ def test_wgmma_plan_configs():
     assert isinstance(c1, tm.GroupedWgmmaConfig) and isinstance(c2, tm.GroupedWgmmaConfig)
     assert (c1.planes, c1.experts, c1.block_m, c1.rows) == (2, 8, 64, plan.rows)
     assert c1.grid == (2, 1, 2 * plan.blocks) and c2.grid == (2, 1, plan.blocks)
-    with pytest.raises(ValueError, match="one slab"):
-        tm.grouped_config([w13, w13], plan.fc1, dataclasses.replace(plan, experts=16))
+    assert c1.launch_configs() == [c1]
+    w13_k3 = Exl3Weight(jnp.zeros((2, 5, 16, 16, 48), jnp.int16), jnp.ones((2, 5, 256)),
+                        jnp.ones((2, 5, 256)), None, "mul1", 3, 256, 256)
+    tiered = tm.grouped_config([w13, w13_k3], plan.fc1, dataclasses.replace(plan, experts=14))
+    assert tiered.experts == 14 and tiered.tiers == (("mcg", 4, 8), ("mul1", 3, 5))
+    assert [(c.codebook, c.K, c.experts, c.tier, c.global_experts, c.planes, c.m_tile)
+            for c in tiered.launch_configs()] == [("mcg", 4, 8, 0, 14, 2, 64),
+                                                  ("mul1", 3, 5, 1, 14, 2, 64)]
+    with pytest.raises(ValueError, match="at most 3"):
+        tm.grouped_config([w13] * 4, plan.fc1, dataclasses.replace(plan, experts=32))
     assert tm.grouped_config(w13, plan.fc1, moe_plan(300, 2, 8, 256, 256, hopper=True)).m_tile \
         == 128
 
