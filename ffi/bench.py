@@ -360,7 +360,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             mma_us = 1e6 * 2 * m * top_k * per_expert_weights / MMA_FLOPS   # useful FLOPs only
             floor_us = max(hbm_us, alu_us, mma_us)
             iters = int(max(8, min(128, 2e4 / max(1, m))))
-            plan = tm.plan_for(m, top_k, E, w13.k, w13.n)
+            plan = tm.plan_for(m, top_k, E, w13.k, w13.n, tiered=bool(tiers))
             idv = routed_variants(ids, E) if l2 == "cold" else [ids]
             row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
                        l2=l2,

@@ -346,10 +346,12 @@ def run_validation(args) -> dict:
         log(json.dumps(res))
         return res
 
-    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0, inter=None):
+    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0, inter=None,
+                         tiered=False):
         """Rows of metrics(gpu(x, ids, w), ref(x, ids, w)) on fresh tokens, one per T; with a
         ``name``, a T past the time budget is skipped (listed as "<name> T<T>"); with the
-        intermediate size ``inter``, each row names its auto plan."""
+        intermediate size ``inter``, each row names its auto plan (``tiered``: a mixed-bitrate
+        layer's)."""
         out = []
         for T in Ts:
             if name is not None and not budget.ok(f"{name} T{T}"):
@@ -358,7 +360,7 @@ def run_validation(args) -> dict:
             m = metrics(gpu(x, ids, w), ref(x, ids, w))
             m.update(T=T, ok=passes(m))
             if inter is not None:       # the plan auto picked for this call
-                p = tm.plan_for(T, top_k, E, H, inter)
+                p = tm.plan_for(T, top_k, E, H, inter, tiered=tiered)
                 m.update(plan=p.kind, block_m=p.block_m)
             log(json.dumps(m))
             out.append(m)
@@ -368,8 +370,9 @@ def run_validation(args) -> dict:
         """Mixed-bitrate layers, every tier in one custom call (ops.moe.tiers_share_launches),
         against the packed reference run tier by tier: K3 / K4 mcg, and three codebooks with a
         half rate (mcg K3, mul1 K3.5, 3inst K2), experts dealt to the tiers in a random order
-        and one expert in no tier (a rank's missing expert: its routes add zero); 100 tokens
-        take the wgmma plan on Hopper (one launch per tier)."""
+        and one expert in no tier (a rank's missing expert: its routes add zero); on Hopper
+        also the wgmma plan forced at 100 tokens (one launch per tier; auto takes it only where
+        moe_plans.WGMMA_TIERS_AUTO is on)."""
         H, I = 512, 256
         out = {}
         for name, spec in (("k3_k4_mcg", [("mcg", 3, 4), ("mcg", 4, 4)]),
@@ -388,7 +391,20 @@ def run_validation(args) -> dict:
                         static_argnums=3)
             res = versus_reference(None, (1, 8, 100), H, 4, len(owner),   # (tiers always runs)
                                    lambda *t, f=f: f(*t, "gpu"), lambda *t, f=f: f(*t, "packed"),
-                                   0.05, inter=I)
+                                   0.05, inter=I, tiered=True)
+            if WGMMA_FORCED:
+                maps = (expert_tier, expert_slot,
+                        moe_ops.tier_glue(slabs, expert_tier, expert_slot))
+                g = jax.jit(lambda x, ids, w, slabs=slabs, maps=maps: tm.moe_gpu(
+                    x, ids, w, [s[0] for s in slabs], [s[1] for s in slabs], plan="wgmma",
+                    tiers=maps, poison=True))
+                forced = versus_reference(None, (100,), H, 4, len(owner), g,
+                                          lambda *t, f=f: f(*t, "packed"), 0.05)
+                for row in forced["rows"]:
+                    row.update(plan="wgmma", block_m=tm.plan_for(row["T"], 4, len(owner), H, I,
+                                                                 "wgmma").block_m)
+                res["rows"] += forced["rows"]
+                res["ok"] = res["ok"] and forced["ok"]
             res["one_set_of_launches"] = bool(moe_ops.tiers_share_launches(slabs))
             res["ok"] = res["ok"] and res["one_set_of_launches"]
             out[name] = res
@@ -508,20 +524,26 @@ def run_memcheck() -> int:
     m = metrics(got, ref)
     log(f"memcheck run moe per-route: T=2 rel_l2={m['rel']:.3g} nan={m['nan']}")
     bad += not passes(m)
-    # Three tiers in one set of launches (the tiered grouped kernel), decode and prefill.
+    # Three tiers in one set of launches (the tiered grouped kernel), decode and prefill; on
+    # Hopper the wgmma plan forced (one launch per tier).
     slabs = [random_moe(rng, n, H, I, K, cb) for cb, K, n in
              (("mcg", 3, 3), ("mul1", 4, 3), ("3inst", 2, 2))]
     expert_tier = jnp.asarray([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32)
     expert_slot = jnp.asarray([0, 0, 0, 1, 1, 1, 2, 2], jnp.int32)
-    for T in (3, 40):
+    maps = (expert_tier, expert_slot, moe_ops.tier_glue(slabs, expert_tier, expert_slot))
+    for T, plan in ((3, None), (40, None)) + WGMMA_FORCED[:1]:
         x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid=0.1)
-        got = moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend="gpu")
+        got = (moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend="gpu")
+               if plan is None else
+               tm.moe_gpu(x, ids, w, [s[0] for s in slabs], [s[1] for s in slabs], plan=plan,
+                          tiers=maps, poison=True))
         with jax.default_device(jax.devices("cpu")[0]):
             cpu = jax.device_put((x, ids, w, slabs, expert_tier, expert_slot),
                                  jax.devices("cpu")[0])
             ref = moe_ops.moe_tiered(*cpu, backend="packed")
         m = metrics(got, ref)
-        log(f"memcheck run moe tiers: T={T} rel_l2={m['rel']:.3g} nan={m['nan']}")
+        log(f"memcheck run moe tiers{' ' + plan if plan else ''}: T={T} rel_l2={m['rel']:.3g} "
+            f"nan={m['nan']}")
         bad += not passes(m)
     return 1 if bad else 0
 

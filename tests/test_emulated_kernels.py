@@ -109,6 +109,10 @@ def test_moe_validation_passes_on_the_emulated_kernels(validation_reports):
     rows = sections["accuracy"]["rows"]
     assert {r["block_m"] for r in rows if r.get("plan") == "wgmma"} == {32, 128}, rows
     assert 64 in {r["block_m"] for r in rows if r.get("plan") == "prefill"}, rows
+    # Mixed-bitrate layers on the wgmma plan (forced; one launch per tier), two and three tiers
+    tiers = sections["tiers"]
+    assert all([r["T"] for r in tiers[k]["rows"] if r.get("plan") == "wgmma"] == [100]
+               for k in ("k3_k4_mcg", "three_codebooks")), tiers
     assert sections["edge"]["all_experts_hit_wgmma"]["ok"]
 
 

@@ -77,13 +77,13 @@ def test_moe_kernels_compile_and_export(arch, tmp_path):
 
 
 # The wgmma plan (Hopper only: sm_90a): blocks of 128, 64 and 32 rows, each codebook, a half
-# rate, x_scale, a padded intermediate size, and a two-tier layer (one launch per tier, auto).
+# rate, x_scale, a padded intermediate size, and a two-tier layer (one launch per tier).
 WGMMA_CASES = [
     ["mcg", 4, 300, "wgmma", 8, 256, 256, 2],
     ["mul1", 3, 100, "wgmma", 8, 256, 128, 2],
     ["3inst", 2, 40, "wgmma", 8, 256, 256, 2, True, 200],
     ["mul1", 2.5, 200, "wgmma", 8, 256, 128, 2],
-    ["mcg:3+mul1:4", 0, 40, None, 8, 256, 128, 2],
+    ["mcg:3+mul1:4", 0, 40, "wgmma", 8, 256, 128, 2],
 ]
 
 

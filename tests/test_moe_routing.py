@@ -257,6 +257,12 @@ def test_wgmma_plan_needs_hopper(monkeypatch):
     for auto in (False, True):
         monkeypatch.setattr(moe_plans, "WGMMA_AUTO", auto)
         assert tm.plan_for(300, 2, 8, 256, 256).kind == ("wgmma" if auto else "prefill")
+    # Mixed-bitrate layers follow WGMMA_TIERS_AUTO as well; forcing works either way.
+    for tiers_auto in (False, True):
+        monkeypatch.setattr(moe_plans, "WGMMA_TIERS_AUTO", tiers_auto)
+        assert tm.plan_for(300, 2, 8, 256, 256, tiered=True).kind == \
+            ("wgmma" if tiers_auto else "prefill")
+        assert tm.plan_for(300, 2, 8, 256, 256, "wgmma", tiered=True).kind == "wgmma"
 
 
 def test_plan_errors():
