@@ -413,12 +413,21 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
     return rows
 
 
+def _moe_rates(text: str) -> tuple:
+    """`bench moe --K`: "4" -> (4,), "3+4" -> (3, 4), "2.5" -> (2.5,)."""
+    try:
+        return tuple(float(v) if "." in v else int(v) for v in text.split("+"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a rate or rates joined by + (e.g. 4, 2.5, 3+4)") from None
+
+
 def main_moe(argv=None) -> int:
     """`exl3-jax bench moe` / `python -m exl3_jax.ffi.bench moe`."""
     p = argparse.ArgumentParser(description="grouped Trellis MoE vs roofline and ragged_dot")
     p.add_argument("--geometries", default=",".join(MOE_GEOMETRIES))
     p.add_argument("--m", default=None, help="token counts (default: the issue's list)")
-    p.add_argument("--K", default="4",
+    p.add_argument("--K", default="4", type=_moe_rates,
                    help="rate, or rates joined by + (e.g. 3+4) for a mixed-bitrate layer: "
                         "experts dealt round-robin to one tier per rate")
     p.add_argument("--codebook", default="mcg")
@@ -433,8 +442,7 @@ def main_moe(argv=None) -> int:
     a = p.parse_args(argv)
     ms = [int(v) for v in a.m.split(",")] if a.m else list(MOE_QUICK_M if a.quick else MOE_M)
     budget = a.budget_s or (120.0 if a.quick else None)
-    rates = tuple(float(v) if "." in v else int(v) for v in a.K.split("+"))
-    K = rates[0] if len(rates) == 1 else rates
+    K = a.K[0] if len(a.K) == 1 else a.K
     rows = bench_moe(a.geometries.split(","), ms, K, a.codebook, budget_s=budget,
                      baseline=not a.no_baseline, l2=a.l2)
     result = {"versions": versions(), "l2": a.l2, "rows": rows}

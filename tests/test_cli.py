@@ -1,6 +1,7 @@
 """The exl3-jax command line: inspect on a checkpoint the test writes, and its error path."""
 
 import numpy as np
+import pytest
 
 from exl3_jax.cli import main
 from exl3_jax.format import Exl3Writer
@@ -39,6 +40,14 @@ def test_bench_without_a_gpu_stops_with_a_clear_error(capsys, monkeypatch):
         assert main(["bench", what, "--m", "1"]) == 2
         err = capsys.readouterr().err
         assert "no CUDA device" in err and "backend is cpu" in err and "EXL3_JAX_EMULATE=1" in err
+
+
+def test_bench_moe_rates_parse_or_say_what_is_wrong(capsys):
+    from exl3_jax.ffi import bench
+    assert [bench._moe_rates(v) for v in ("4", "2.5", "3+4")] == [(4,), (2.5,), (3, 4)]
+    with pytest.raises(SystemExit):
+        bench.main_moe(["--K", "3+x"])
+    assert "'3+x' is not a rate or rates joined by +" in capsys.readouterr().err
 
 
 def test_missing_model_and_text_files_are_clear_errors(tmp_path, capsys):
