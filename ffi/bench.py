@@ -324,24 +324,24 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
     for name in geometries or list(MOE_GEOMETRIES):
         H, I, E, top_k = MOE_GEOMETRIES[name]
         if tiers:
-            expert_tier = jnp.asarray(np.arange(E) % len(tiers), jnp.int32)
-            expert_slot = jnp.asarray(np.arange(E) // len(tiers), jnp.int32)
-            slabs = [random_moe_weights(H, I, int((np.arange(E) % len(tiers) == t).sum()), Kt,
-                                        codebook, seed=t) for t, Kt in enumerate(tiers)]
+            tier_of, slot_of, counts = tm.round_robin_tiers(E, len(tiers))
+            expert_tier, expert_slot = jnp.asarray(tier_of), jnp.asarray(slot_of)
+            slabs = [random_moe_weights(H, I, n, Kt, codebook, seed=t)
+                     for t, (Kt, n) in enumerate(zip(tiers, counts))]
             experts = (slabs, moe_ops.tier_glue(slabs, expert_tier, expert_slot))
 
-            def layer(x, ids, w, experts, fused=True):
+            def layer(x, ids, w, experts):
                 slabs, glue = experts
                 return moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot,
                                           backend="gpu", glue=glue)
         else:
             experts = random_moe_weights(H, I, E, K, codebook)
+            slabs = [experts]
 
             def layer(x, ids, w, experts, fused=True):
                 return tm.moe_gpu(x, ids, w, *experts, fused=fused)
-        w13, down = experts[0][0] if tiers else experts
-        per_expert_bytes = sum(a.nbytes + b.nbytes
-                               for a, b in (experts[0] if tiers else [experts])) // E
+        w13, down = slabs[0]
+        per_expert_bytes = sum(a.nbytes + b.nbytes for a, b in slabs) // E
         per_expert_weights = 3 * H * I
         dense = None
         if baseline:            # stands in for the dequantized experts (same shapes, bf16)

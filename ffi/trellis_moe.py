@@ -1026,12 +1026,20 @@ def _pad(x, k: int):
 
 __all__ = ["GEMM_ENV", "GroupedMmaConfig", "GroupedWgmmaConfig", "KernelRoutes", "MAX_TIERS",
            "PLAN_ENV", "grouped_config", "grouped_partials", "kernel_routes",
-           "launch_grouped_mma", "moe_gpu", "pack_for", "plan_for", "supports",
-           "with_gemm_override"]
+           "launch_grouped_mma", "moe_gpu", "pack_for", "plan_for", "round_robin_tiers",
+           "supports", "with_gemm_override"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Compile-only export check (CI): one process per arch, CUTE_DSL_ARCH set before import.
+
+
+def round_robin_tiers(experts: int, tiers: int):
+    """Experts 0..E-1 dealt round-robin to ``tiers`` tier slabs (the test and benchmark layers):
+    numpy int32 expert_tier [E], expert_slot [E] and each tier's expert count."""
+    expert_tier = (np.arange(experts) % tiers).astype(np.int32)
+    expert_slot = (np.arange(experts) // tiers).astype(np.int32)
+    return expert_tier, expert_slot, [int((expert_tier == t).sum()) for t in range(tiers)]
 
 
 def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int,
@@ -1055,9 +1063,7 @@ def export_moe(E: int, H: int, I: int, K, codebook: str, tokens: int, top_k: int
     if tiers:
         import importlib
         moe_ops = importlib.import_module("exl3_jax.ops.moe")   # (exl3_jax.ops.moe is the function)
-        expert_tier = np.arange(E, dtype=np.int32) % len(tiers)
-        expert_slot = np.arange(E, dtype=np.int32) // len(tiers)
-        counts = [int((expert_tier == t).sum()) for t in range(len(tiers))]
+        expert_tier, expert_slot, counts = round_robin_tiers(E, len(tiers))
 
         def tiered(x, ids, wts, *leaves):
             slabs = []

@@ -109,6 +109,16 @@ WGMMA_FORCED = ((40, "wgmma"), (300, "wgmma")) if aot.device_arch() == "sm_90a" 
 _gpu = jax.jit(lambda x, ids, w, w13, down, plan=None, fused=True, x_scale=None: tm.moe_gpu(
     x, ids, w, w13, down, plan=plan, poison=True, fused=fused, x_scale=x_scale),
     static_argnames=("plan", "fused"))
+
+
+def _gpu_tiered(x, ids, w, slabs, expert_tier, expert_slot, plan):
+    """A mixed-bitrate layer through moe_gpu with a named plan (moe_tiered takes auto's) and
+    NaN-poisoned kernel outputs."""
+    maps = (expert_tier, expert_slot, moe_ops.tier_glue(slabs, expert_tier, expert_slot))
+    return tm.moe_gpu(x, ids, w, [s[0] for s in slabs], [s[1] for s in slabs], plan=plan,
+                      tiers=maps, poison=True)
+
+
 _ref = jax.jit(lambda x, ids, w, w13, down, x_scale=None: moe_ops.moe_packed_reference(
     x, ids, w, w13, down, x_scale=x_scale))
 
@@ -393,11 +403,8 @@ def run_validation(args) -> dict:
                                    lambda *t, f=f: f(*t, "gpu"), lambda *t, f=f: f(*t, "packed"),
                                    0.05, inter=I, tiered=True)
             if WGMMA_FORCED:
-                maps = (expert_tier, expert_slot,
-                        moe_ops.tier_glue(slabs, expert_tier, expert_slot))
-                g = jax.jit(lambda x, ids, w, slabs=slabs, maps=maps: tm.moe_gpu(
-                    x, ids, w, [s[0] for s in slabs], [s[1] for s in slabs], plan="wgmma",
-                    tiers=maps, poison=True))
+                g = jax.jit(lambda x, ids, w, slabs=slabs, et=expert_tier, es=expert_slot:
+                            _gpu_tiered(x, ids, w, slabs, et, es, "wgmma"))
                 forced = versus_reference(None, (100,), H, 4, len(owner), g,
                                           lambda *t, f=f: f(*t, "packed"), 0.05)
                 for row in forced["rows"]:
@@ -501,8 +508,8 @@ def run_validation(args) -> dict:
 def run_memcheck() -> int:
     """A decode, a prefill and (Hopper) a wgmma layer (fused glue, poisoned outputs), for
     compute-sanitizer memcheck; the Qwen3 intermediate size (768: 6 of a CTA's 8 warps own a
-    block). The
-    reference runs on the CPU: XLA's GEMM autotuning crashed under the sanitizer (session 11)."""
+    block). The reference runs on the CPU: XLA's GEMM autotuning crashed under the sanitizer
+    (session 11)."""
     rng = np.random.default_rng(3)
     E, H, I, top_k = 8, 512, 768, 2
     w13, down = random_moe(rng, E, H, I, 4, "mcg", inter_valid=700)
@@ -530,13 +537,10 @@ def run_memcheck() -> int:
              (("mcg", 3, 3), ("mul1", 4, 3), ("3inst", 2, 2))]
     expert_tier = jnp.asarray([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32)
     expert_slot = jnp.asarray([0, 0, 0, 1, 1, 1, 2, 2], jnp.int32)
-    maps = (expert_tier, expert_slot, moe_ops.tier_glue(slabs, expert_tier, expert_slot))
     for T, plan in ((3, None), (40, None)) + WGMMA_FORCED[:1]:
         x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid=0.1)
         got = (moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend="gpu")
-               if plan is None else
-               tm.moe_gpu(x, ids, w, [s[0] for s in slabs], [s[1] for s in slabs], plan=plan,
-                          tiers=maps, poison=True))
+               if plan is None else _gpu_tiered(x, ids, w, slabs, expert_tier, expert_slot, plan))
         with jax.default_device(jax.devices("cpu")[0]):
             cpu = jax.device_put((x, ids, w, slabs, expert_tier, expert_slot),
                                  jax.devices("cpu")[0])
