@@ -294,6 +294,16 @@ def ragged_moe_baseline(x, ids, weights, wg, wu, wd):
     return jnp.einsum("tkh,tk->th", y, weights.astype(jnp.float32))
 
 
+def routes_of_call(x, ids, packs: bool = True):
+    """ids as a value of the loop's chained x (unchanged: x is never NaN there). In a model the
+    router computes each layer's ids, so its route packing is part of the layer; with ids
+    that only depend on the loop's arguments XLA hoists the packing out of time_in_loop's loop
+    as invariant work (bench moe's layer times up to session 32 left it out that way).
+    ``packs`` False (a per-route plan: no packing ops to hoist) returns ids as they are, so
+    the select adds no kernel the model would not run."""
+    return jnp.where(jnp.isnan(x[0, 0]), -1, ids) if packs else ids
+
+
 def routed_variants(ids, E: int, n: int = 8):
     """n routings of the same shape: expert ids shifted by multiples of E / n (mod E), so the
     calls of a timing loop that cycle through them touch different experts (bench_moe's L2-cold
@@ -304,12 +314,12 @@ def routed_variants(ids, E: int, n: int = 8):
 def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s=None,
               baseline: bool = True, unfused: bool = False, log=print,
               l2: str = "cold") -> list[dict]:
-    """Microseconds per MoE layer (jitted loop) for each geometry and token count m, with the
-    touched experts' roofline (max of HBM time of their bytes and decode ALU time of their
-    weights, anchors.md rates) and an unfused ragged_dot baseline in the same run. K: a rate,
-    or a tuple of rates for a mixed-bitrate layer (experts dealt round-robin to one tier slab
-    per rate, run through ops.moe.moe_tiered: one custom call). l2:
-    "cold" (the loop's calls cycle through routed_variants, so the touched experts are not
+    """Microseconds per MoE layer (jitted loop; its route packing included, routes_of_call)
+    for each geometry and token count m, with the touched experts' roofline (max of HBM time
+    of their bytes and decode ALU time of their weights, anchors.md rates) and an unfused
+    ragged_dot baseline in the same run. K: a rate, or a tuple of rates for a mixed-bitrate
+    layer (experts dealt round-robin to one tier slab per rate, run through
+    ops.moe.moe_tiered: one custom call). l2: "cold" (the loop's calls cycle through routed_variants, so the touched experts are not
     the same call after call and come from HBM as in a model) or "warm" (one routing: its
     experts stay in the L2 across the loop, the method before session 24)."""
     import importlib
@@ -360,7 +370,8 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             mma_us = 1e6 * 2 * m * top_k * per_expert_weights / MMA_FLOPS   # useful FLOPs only
             floor_us = max(hbm_us, alu_us, mma_us)
             iters = int(max(8, min(128, 2e4 / max(1, m))))
-            plan = tm.plan_for(m, top_k, E, w13.k, w13.n, tiered=bool(tiers))
+            plan = tm.plan_for(m, top_k, E, w13.k, w13.n)
+            packs = plan.packing != "per_route"          # (routes_of_call)
             idv = routed_variants(ids, E) if l2 == "cold" else [ids]
             row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
                        l2=l2,
@@ -370,7 +381,8 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                        decode_floor_us=alu_us, mma_floor_us=mma_us, floor_us=floor_us)
             try:
                 row["us"] = 1e6 * time_in_loop(
-                    layer, (x, ids, wts, experts), iters=iters, reps=3,
+                    lambda x, i, w, e: layer(x, routes_of_call(x, i, packs), w, e),
+                    (x, ids, wts, experts), iters=iters, reps=3,
                     variants=[(i, wts, experts) for i in idv])
                 row["floor_ratio"] = row["us"] / floor_us
             except Exception as e:   # noqa: BLE001 -- record and continue
@@ -378,7 +390,8 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             if unfused and not tiers:   # the jnp-glue variant (8 launches + XLA)
                 try:
                     row["unfused_us"] = 1e6 * time_in_loop(
-                        lambda x, ids, w, e: layer(x, ids, w, e, fused=False),
+                        lambda x, i, w, e: layer(x, routes_of_call(x, i, packs), w, e,
+                                                 fused=False),
                         (x, ids, wts, experts), iters=iters, reps=3,
                         variants=[(i, wts, experts) for i in idv])
                 except Exception as e:   # noqa: BLE001
@@ -387,16 +400,17 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 row["loop_us"] = loop_overhead_us(m, H)
             except Exception as e:   # noqa: BLE001
                 row["loop_error"] = f"{type(e).__name__}: {e}"[:300]
-            try:          # the route packing alone (XLA; none for per-route plans)
+            try:          # the route packing alone (XLA; every table: XLA drops unused ones)
                 row["pack_us"] = 1e6 * time_in_loop(
-                    lambda i: tm.kernel_routes(i, E, plan).route_row, (ids,), iters=iters,
-                    reps=3)
+                    lambda i: jnp.concatenate([a.ravel() for a in jax.tree.leaves(
+                        tm.kernel_routes(i, E, plan))]), (ids,), iters=iters, reps=3)
             except Exception as e:   # noqa: BLE001
                 row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
             if dense is not None:
                 try:
                     row["ragged_us"] = 1e6 * time_in_loop(
-                        ragged_moe_baseline, (x, ids, wts, *dense), iters=iters, reps=3,
+                        lambda x, i, *r: ragged_moe_baseline(x, routes_of_call(x, i), *r),
+                        (x, ids, wts, *dense), iters=iters, reps=3,
                         variants=[(i, wts, *dense) for i in idv])
                     row["speedup_vs_ragged"] = row["ragged_us"] / row["us"]
                 except Exception as e:   # noqa: BLE001

@@ -713,12 +713,12 @@ def supports(w13, down) -> bool:
 
 
 def plan_for(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
-             force: str | None = None, tiered: bool = False) -> MoePlan:
+             force: str | None = None) -> MoePlan:
     """The launch plan of one call (padded hidden / intermediate sizes; experts: the layer's
-    global E; tiered: a mixed-bitrate layer's tier slabs); force: a plan kind, else
+    global E, all tiers of a mixed-bitrate layer together); force: a plan kind, else
     $EXL3_JAX_MOE_PLAN, else auto."""
     force = force or os.environ.get(PLAN_ENV, "auto") or "auto"
-    from exl3_jax.ops.moe_plans import WGMMA_AUTO, WGMMA_TIERS_AUTO
+    from exl3_jax.ops.moe_plans import WGMMA_AUTO
 
     from .aot import device_arch
     arch = device_arch()
@@ -727,7 +727,7 @@ def plan_for(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
                          f"is {arch}")
     plan = moe_plan(tokens, top_k, experts, hidden, inter,
                     kind=None if force == "auto" else force, sms=tg.device_sms(),
-                    hopper=WGMMA_AUTO and arch == "sm_90a" and (WGMMA_TIERS_AUTO or not tiered))
+                    hopper=WGMMA_AUTO and arch == "sm_90a")
     return with_gemm_override(plan, os.environ.get(GEMM_ENV, ""))
 
 
@@ -960,7 +960,7 @@ def moe_gpu(x, ids, weights, w13, down, *, x_scale=None,
         tier_maps = (expert_tier, expert_slot)
     H, I = w0.k, w0.n
     if not isinstance(plan, MoePlan):
-        plan = plan_for(T, top_k, E, H, I, plan, tiered=tiers is not None)
+        plan = plan_for(T, top_k, E, H, I, plan)
     rows = plan.rows
     x = _pad(x, H)
 

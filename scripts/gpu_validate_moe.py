@@ -159,8 +159,8 @@ def case(rng, E, H, I, K, cb, T, top_k, invalid=0.0, plan=None, x_dtype=jnp.bflo
 
 def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
     """Qwen3-30B-A3B geometry, auto plans at each m of ``ms``: time of route packing, FC1 and
-    FC2 alone, of the whole layer (one custom call) with and without programmatic dependent
-    launch and unfused; for decode plans also of the layer under a few alternative plans
+    FC2 alone, of the whole layer (its packing and one custom call) with and without
+    programmatic dependent launch and unfused; for decode plans also of the layer under a few alternative plans
     (n_tiles / warps / splits / unroll of FC1 and FC2), to pick the decode plan."""
     import dataclasses
 
@@ -177,6 +177,7 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
         x = jnp.asarray(np.random.default_rng(2).standard_normal((m, H)), jnp.bfloat16)
         plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
         pr = tm.kernel_routes(ids, E, plan)
+        packs = plan.packing != "per_route"        # gb.routes_of_call
         cfg1, cfg2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2,
                                                                                plan)
         glue = (w13.suh, w13.svh, down.suh, down.svh)
@@ -188,17 +189,22 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
                    fc1=vars(plan.fc1), fc2=vars(plan.fc2))
         try:
             row.update(
-                pack_us=T(lambda i: tm.kernel_routes(i, E, plan).route_row, ids),
+                # every table of the packing (one concatenation more), not only route_row:
+                # XLA would drop the ops that route_row does not need
+                pack_us=T(lambda i: jnp.concatenate(
+                    [a.ravel() for a in jax.tree.leaves(tm.kernel_routes(i, E, plan))]), ids),
                 fc1_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), w13, pr.block_expert,
                                                        cfg1), xh),
                 fc2_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), down, pr.block_expert,
                                                        cfg2), xh2),
-                layer_us=T(lambda x: tm.moe_gpu(x, ids, wts, w13, down), x),
+                # the layers with their packing (routes_of_call: not hoisted out of the loop)
+                layer_us=T(lambda x: tm.moe_gpu(x, gb.routes_of_call(x, ids, packs), wts, w13,
+                                                down), x),
                 layer_no_pdl_us=T(lambda x: tm.moe_layer(
-                    x, pr, w13, down, wts, glue=glue, cfg1=cfg1, cfg2=cfg2, valid_cols=I,
-                    pdl=False), x),
-                layer_unfused_us=T(lambda x: tm.moe_gpu(x, ids, wts, w13, down, fused=False),
-                                   x))
+                    x, tm.kernel_routes(gb.routes_of_call(x, ids, packs), E, plan), w13, down,
+                    wts, glue=glue, cfg1=cfg1, cfg2=cfg2, valid_cols=I, pdl=False), x),
+                layer_unfused_us=T(lambda x: tm.moe_gpu(
+                    x, gb.routes_of_call(x, ids, packs), wts, w13, down, fused=False), x))
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         log(json.dumps(row))
@@ -222,7 +228,8 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
                     continue
                 r = dict(m=m, fc1=v1, fc2=v2)
                 try:
-                    r["layer_us"] = T(lambda x: tm.moe_gpu(x, ids, wts, w13, down, plan=alt), x)
+                    r["layer_us"] = T(lambda x: tm.moe_gpu(
+                        x, gb.routes_of_call(x, ids, packs), wts, w13, down, plan=alt), x)
                 except Exception as e:  # noqa: BLE001
                     r["error"] = f"{type(e).__name__}: {e}"[:300]
                 log(json.dumps(r))
@@ -356,12 +363,10 @@ def run_validation(args) -> dict:
         log(json.dumps(res))
         return res
 
-    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0, inter=None,
-                         tiered=False):
+    def versus_reference(name, Ts, H, top_k, E, gpu, ref, invalid=0.0, inter=None):
         """Rows of metrics(gpu(x, ids, w), ref(x, ids, w)) on fresh tokens, one per T; with a
         ``name``, a T past the time budget is skipped (listed as "<name> T<T>"); with the
-        intermediate size ``inter``, each row names its auto plan (``tiered``: a mixed-bitrate
-        layer's)."""
+        intermediate size ``inter``, each row names its auto plan."""
         out = []
         for T in Ts:
             if name is not None and not budget.ok(f"{name} T{T}"):
@@ -370,7 +375,7 @@ def run_validation(args) -> dict:
             m = metrics(gpu(x, ids, w), ref(x, ids, w))
             m.update(T=T, ok=passes(m))
             if inter is not None:       # the plan auto picked for this call
-                p = tm.plan_for(T, top_k, E, H, inter, tiered=tiered)
+                p = tm.plan_for(T, top_k, E, H, inter)
                 m.update(plan=p.kind, block_m=p.block_m)
             log(json.dumps(m))
             out.append(m)
@@ -381,8 +386,8 @@ def run_validation(args) -> dict:
         against the packed reference run tier by tier: K3 / K4 mcg, and three codebooks with a
         half rate (mcg K3, mul1 K3.5, 3inst K2), experts dealt to the tiers in a random order
         and one expert in no tier (a rank's missing expert: its routes add zero); on Hopper
-        also the wgmma plan forced at 100 tokens (one launch per tier; auto takes it only where
-        moe_plans.WGMMA_TIERS_AUTO is on)."""
+        also the wgmma plan forced at 100 tokens (one launch per tier; auto takes it where the
+        blocks hold 16+ rows, not at these sizes)."""
         H, I = 512, 256
         out = {}
         for name, spec in (("k3_k4_mcg", [("mcg", 3, 4), ("mcg", 4, 4)]),
@@ -401,7 +406,7 @@ def run_validation(args) -> dict:
                         static_argnums=3)
             res = versus_reference(None, (1, 8, 100), H, 4, len(owner),   # (tiers always runs)
                                    lambda *t, f=f: f(*t, "gpu"), lambda *t, f=f: f(*t, "packed"),
-                                   0.05, inter=I, tiered=True)
+                                   0.05, inter=I)
             if WGMMA_FORCED:
                 g = jax.jit(lambda x, ids, w, slabs=slabs, et=expert_tier, es=expert_slot:
                             _gpu_tiered(x, ids, w, slabs, et, es, "wgmma"))

@@ -33,11 +33,9 @@ WGMMA_MIN_BLOCK_M = 16
 # Whether auto takes the wgmma plan on Hopper (exl3_jax.ffi.trellis_moe.plan_for). On since
 # session 32's calls 56-57 (H100, against the mma.sync prefill plan: Qwen3-30B-A3B m = 1024
 # 1629 -> 806 us, 4096 4408 -> 1995; GLM-4.5-Air 4652 -> 2027, 13390 -> 5080; bench/NOTES.md).
+# Mixed-bitrate layers take it too (one wgmma launch per tier slab; call 59, Qwen3-30B-A3B K3 +
+# K4 tiers: 1627 -> 899 us at m = 1024, 4513 -> 2146 at 4096).
 WGMMA_AUTO = True
-# Whether auto takes it for mixed-bitrate layers too (one wgmma launch per tier slab): off until
-# call 59 has run them on the hardware (session 32 built them and checked them through the PTX
-# interpreter only); EXL3_JAX_MOE_PLAN=wgmma selects it meanwhile.
-WGMMA_TIERS_AUTO = False
 PACKINGS = ("sorted", "per_route")
 PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
 
@@ -131,4 +129,4 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
 
 
 __all__ = ["DECODE_MAX_M", "DEFAULT_CAPACITY", "MoeGemmPlan", "MoePlan", "PACKINGS", "PLAN_KINDS",
-           "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "WGMMA_TIERS_AUTO", "moe_plan"]
+           "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "moe_plan"]

@@ -1,4 +1,4 @@
-"""Route packing for the grouped (fused) Trellis MoE: token-expert pairs sorted by expert and
+"""Route packing for the grouped (fused) Trellis MoE: token-expert pairs grouped by expert and
 padded into blocks of ``block_m`` rows, each block served by one expert.
 
 Static shapes (everything jits): for R = T * top_k routes and E experts, at most
@@ -74,27 +74,34 @@ class PackedRoutes:
         return int(self.block_expert.shape[0])
 
 
-PACK_METHODS = ("auto", "sort", "compare")
-_COMPARE_MAX = 1 << 21       # elements of the largest compare matrix of the "compare" method
+def _per_row(block_values, block_m: int):
+    """[blocks] -> [blocks * block_m]: each block's value on each of its rows (a broadcast;
+    jnp.repeat with total_repeat_length lowers to a scatter-add and a cumsum)."""
+    nb = block_values.shape[0]
+    return jnp.broadcast_to(block_values[:, None], (nb, block_m)).reshape(nb * block_m)
 
 
-def pack_routes(ids, num_experts: int, block_m: int | None = None,
-                method: str = "auto") -> PackedRoutes:
-    """Sort routes by expert and pad each expert's rows to whole blocks.
+RANK_CHUNK = 128             # routes per chunk of _chunked_ranks' within-chunk comparisons
+
+
+def pack_routes(ids, num_experts: int, block_m: int | None = None) -> PackedRoutes:
+    """Group routes by expert (in (token, slot) order within each) and pad each expert's rows
+    to whole blocks.
+
+    A counting sort in a handful of XLA fusions (no sort, no loop): each route's rank among
+    the earlier routes to its expert (_chunked_ranks), the experts' block offsets from their
+    counts, then one scatter of the routes' tokens to their rows. On the H100 (call 62) the
+    whole packing takes 14-23 us at 64-4096 tokens of Qwen3-30B-A3B (the argsort-based
+    packing before it: 53-77 us from 512 tokens up).
 
     Args:
       ids: int [T, top_k] expert ids; ids outside [0, num_experts) (e.g. -1) are dropped.
       num_experts: E (static).
       block_m: rows per block (one of BLOCK_M_CHOICES or WGMMA_BLOCK_M_CHOICES); None picks
         ``select_block_m``.
-      method: "sort" (argsort + scatters, any size), "compare" (the same result from fused
-        one-hot comparisons and reductions, no sort or scatter: a few XLA fusions, for the
-        small route counts of decode steps), "auto" (compare when its matrices are small).
     Returns:
       PackedRoutes; rows of expert e are the routes to e in (token, slot) order.
     """
-    if method not in PACK_METHODS:
-        raise ValueError(f"unknown pack method {method!r}; use one of {PACK_METHODS}")
     ids = jnp.asarray(ids)
     if ids.ndim != 2:
         raise ValueError(f"ids must be [T, top_k], got shape {ids.shape}")
@@ -108,65 +115,46 @@ def pack_routes(ids, num_experts: int, block_m: int | None = None,
 
     e = ids.reshape(-1).astype(jnp.int32)                                    # [R]
     valid = (e >= 0) & (e < num_experts)
-    if method == "auto":
-        big = max(R * R, rows * R, nb * num_experts, R * num_experts)
-        method = "compare" if big <= _COMPARE_MAX else "sort"
-    if method == "compare":
-        return _pack_compare(e, valid, num_experts, bm, nb, top_k)
-    key = jnp.where(valid, e, num_experts)                                   # invalid sort last
-    counts = jnp.zeros((num_experts + 1,), jnp.int32).at[key].add(1)[:num_experts]  # [E]
-    first_route = jnp.cumsum(counts) - counts                                # [E] exclusive
+    key = jnp.where(valid, e, -1)                                            # [R]
+    rank, counts = _chunked_ranks(key, num_experts)                          # [R], [E]
     blocks_e = (counts + bm - 1) // bm                                       # [E]
     block_end = jnp.cumsum(blocks_e)                                         # [E] inclusive
     first_row = (block_end - blocks_e) * bm                                  # [E]
-
-    order = jnp.argsort(key, stable=True)                                    # [R] sorted routes
-    sorted_e = key[order]
-    pos = jnp.arange(R, dtype=jnp.int32)
-    se = jnp.minimum(sorted_e, num_experts - 1)
-    row_sorted = jnp.where(sorted_e < num_experts, first_row[se] + pos - first_route[se], -1)
-    route_row_flat = jnp.zeros((R,), jnp.int32).at[order].set(row_sorted)    # [R]
-
-    tgt = jnp.where(route_row_flat >= 0, route_row_flat, rows)               # rows = dropped
+    route_row = jnp.where(valid, first_row[jnp.maximum(key, 0)] + rank, -1)  # [R]
+    tgt = jnp.where(valid, route_row, rows)                                  # rows = dropped
     row_token = jnp.full((rows,), -1, jnp.int32).at[tgt].set(
-        jnp.arange(R, dtype=jnp.int32) // top_k, mode="drop")
+        jnp.arange(R, dtype=jnp.int32) // top_k, mode="drop", unique_indices=True)
     num_blocks = block_end[-1].astype(jnp.int32)
     b = jnp.arange(nb, dtype=jnp.int32)
-    owner = jnp.searchsorted(block_end, b, side="right").astype(jnp.int32)   # [blocks]
+    # compare_all: the [blocks, E] comparisons in one fusion; the default binary search is an
+    # XLA while loop (a host round trip per step on the GPU).
+    owner = jnp.searchsorted(block_end, b, side="right",
+                             method="compare_all").astype(jnp.int32)          # [blocks]
     block_expert = jnp.where(b < num_blocks, owner, -1)
-    row_expert = jnp.repeat(block_expert, bm, total_repeat_length=rows)
-    return PackedRoutes(row_token=row_token, row_expert=row_expert, block_expert=block_expert,
-                        route_row=route_row_flat.reshape(T, top_k), num_blocks=num_blocks,
-                        block_m=bm)
+    return PackedRoutes(row_token=row_token, row_expert=_per_row(block_expert, bm),
+                        block_expert=block_expert, route_row=route_row.reshape(T, top_k),
+                        num_blocks=num_blocks, block_m=bm)
 
 
-def _pack_compare(e, valid, num_experts: int, bm: int, nb: int, top_k: int) -> PackedRoutes:
-    """pack_routes from comparisons: rank of a route among earlier routes to its expert,
-    per-expert counts and block offsets as masked reductions, and each packed row's route as
-    the one route whose row matches (rows are distinct), so no sort and no scatter."""
-    R = e.shape[0]
-    rows = nb * bm
-    key = jnp.where(valid, e, -1)                                            # [R]
-    r = jnp.arange(R, dtype=jnp.int32)
-    same = (key[:, None] == key[None, :]) & (r[None, :] < r[:, None])       # [R, R'] earlier
-    rank = jnp.sum(same, axis=1, dtype=jnp.int32)                            # [R]
-    onehot = key[:, None] == jnp.arange(num_experts, dtype=jnp.int32)        # [R, E]
-    counts = jnp.sum(onehot, axis=0, dtype=jnp.int32)                        # [E]
-    blocks_e = (counts + bm - 1) // bm
-    block_end = jnp.cumsum(blocks_e)                                         # [E] inclusive
-    first_row = (block_end - blocks_e) * bm
-    row = jnp.where(valid, first_row[jnp.maximum(key, 0)] + rank, -1)        # [R]
-    q = jnp.arange(rows, dtype=jnp.int32)
-    hit = row[None, :] == q[:, None]                                         # [rows, R]
-    row_token = jnp.sum(jnp.where(hit, r[None, :] // top_k + 1, 0), axis=1,
-                        dtype=jnp.int32) - 1
-    b = jnp.arange(nb, dtype=jnp.int32)
-    owner = jnp.sum(block_end[None, :] <= b[:, None], axis=1, dtype=jnp.int32)  # [blocks]
-    num_blocks = block_end[-1].astype(jnp.int32)
-    block_expert = jnp.where(b < num_blocks, owner, -1)
-    row_expert = jnp.repeat(block_expert, bm, total_repeat_length=rows)
-    return PackedRoutes(row_token=row_token, row_expert=row_expert, block_expert=block_expert,
-                        route_row=row.reshape(-1, top_k), num_blocks=num_blocks, block_m=bm)
+def _chunked_ranks(key, num_experts: int):
+    """Rank of each route among the earlier routes to its expert, and each expert's route
+    count, for key int32 [R] (-1: no expert) -> (int32 [R], int32 [E]). Routes in chunks of
+    RANK_CHUNK: the rank within a chunk from [chunk, chunk] comparisons, plus the expert's
+    routes in the chunks before (an exclusive cumsum of per-chunk one-hot counts [chunks, E]),
+    so the work is R * (RANK_CHUNK + E) comparisons in a few fusions, with no sort (XLA's
+    sort of a few thousand keys is a chain of kernels on the GPU)."""
+    R = key.shape[0]
+    C = min(RANK_CHUNK, R)
+    nc = -(-R // C)
+    kc = jnp.pad(key, (0, nc * C - R), constant_values=-1).reshape(nc, C)   # [nc, C]
+    i = jnp.arange(C, dtype=jnp.int32)
+    earlier = (kc[:, :, None] == kc[:, None, :]) & (i[None, None, :] < i[None, :, None])
+    within = jnp.sum(earlier, axis=2, dtype=jnp.int32)                       # [nc, C]
+    per_chunk = jnp.sum(kc[:, :, None] == jnp.arange(num_experts, dtype=jnp.int32),
+                        axis=1, dtype=jnp.int32)                             # [nc, E]
+    before = jnp.cumsum(per_chunk, axis=0) - per_chunk                       # [nc, E] exclusive
+    rank = within + jnp.take_along_axis(before, jnp.maximum(kc, 0), axis=1)  # [nc, C]
+    return rank.reshape(-1)[:R], jnp.sum(per_chunk, axis=0, dtype=jnp.int32)
 
 
 def pack_routes_per_route(ids, num_experts: int, block_m: int = 8) -> PackedRoutes:
@@ -185,9 +173,9 @@ def pack_routes_per_route(ids, num_experts: int, block_m: int = 8) -> PackedRout
     r = jnp.arange(R, dtype=jnp.int32)
     block_expert = jnp.where(valid, e, -1)                                   # [blocks = R]
     q = jnp.arange(R * block_m, dtype=jnp.int32)
-    first = (q % block_m == 0) & jnp.repeat(valid, block_m, total_repeat_length=R * block_m)
+    first = (q % block_m == 0) & _per_row(valid, block_m)
     row_token = jnp.where(first, q // block_m // top_k, -1)                  # [rows]
-    row_expert = jnp.repeat(block_expert, block_m, total_repeat_length=R * block_m)
+    row_expert = _per_row(block_expert, block_m)
     route_row = jnp.where(valid, r * block_m, -1).reshape(T, top_k)
     return PackedRoutes(row_token=row_token, row_expert=row_expert, block_expert=block_expert,
                         route_row=route_row, num_blocks=jnp.int32(R), block_m=block_m)
@@ -242,6 +230,6 @@ def combine_routes(y_rows, route_row, weights):
     return out
 
 
-__all__ = ["BLOCK_M_CHOICES", "PACK_METHODS", "WGMMA_BLOCK_M_CHOICES", "pack_routes_per_route",
+__all__ = ["BLOCK_M_CHOICES", "WGMMA_BLOCK_M_CHOICES", "pack_routes_per_route",
            "PackedRoutes", "combine_routes", "gather_expert_rows", "gather_rows", "max_blocks",
            "pack_routes", "pack_routes_numpy", "select_block_m"]

@@ -9,6 +9,9 @@
 # patched, then this tree (128-row blocks) in the same call.
 # Prediction: m = 4096 Qwen3 1995 -> 1500-1750 us, GLM-4.5-Air 5080 -> 3800-4500 (the decode
 # share halves; the glue and the 256-row staging stay); m = 2048 unchanged (128 routes: 128 rows).
+# Ran in session 33 (H100): 256-row blocks slower (Qwen3 m = 4096 2063 -> 2336 us, GLM-4.5-Air
+# 5114 -> 5561); rejected, and its patch (moe_wgmma_256.patch) removed, so this script is a
+# record that no longer runs.
 CALL=call60
 tree_patched b256 scripts/gpu_calls/moe_wgmma_256.patch
 timeout 120 python3 $ROOT/scripts/gpu_validate_moe.py --no-bench --sections geometry --budget-s 100 --out $RES/60_geometry.json > $RES/60_geometry.log 2>&1
