@@ -113,6 +113,20 @@ def check_l2(l2: str) -> None:
         raise ValueError(f"l2 must be one of {L2_MODES}, got {l2!r}")
 
 
+def timing_loop(op, trips: int, unroll: int, copies: int):
+    """time_in_loop's jitted loop (x, rests) -> float32 []: ``trips`` trips of ``unroll``
+    chained calls op(x + 0 * previous output, *rests[j % copies])."""
+    @jax.jit
+    def loop(x, rests):
+        def trip(_, c):
+            for j in range(unroll):
+                y = op(x + (c * 0).astype(x.dtype), *rests[j % copies])
+                c = y.reshape(-1)[0].astype(jnp.float32)
+            return c
+        return lax.fori_loop(0, trips, trip, jnp.float32(0))
+    return loop
+
+
 def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
                  copies: int = 1, variants=None) -> float:
     """Seconds per op call: median of ``reps`` timings of a jitted loop of ``iters`` calls,
@@ -130,16 +144,7 @@ def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
     if unroll % copies:
         raise ValueError(f"copies={copies} must divide unroll={unroll}")
     iters = max(unroll, iters // unroll * unroll)
-
-    @jax.jit
-    def loop(x, rests):
-        def trip(_, c):
-            for j in range(unroll):
-                y = op(x + (c * 0).astype(x.dtype), *rests[j % copies])
-                c = y.reshape(-1)[0].astype(jnp.float32)
-            return c
-        return lax.fori_loop(0, iters // unroll, trip, jnp.float32(0))
-
+    loop = timing_loop(op, iters // unroll, unroll, copies)
     jax.block_until_ready(loop(args[0], rests))          # compile + warm up
     times = []
     for _ in range(reps):

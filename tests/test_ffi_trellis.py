@@ -1457,6 +1457,30 @@ def test_bench_timer_and_weights():
         bench.weight_copies(l2, "hot")
 
 
+def test_timing_loop_keeps_the_route_packing_inside(monkeypatch):
+    # XLA hoists work that depends only on the loop's arguments out of the while loop: a MoE
+    # layer's route packing with fixed ids would go uncounted. routes_of_call ties the ids to
+    # the chained x, so the packing's scatter stays in the loop body (per-route plans, with no
+    # packing ops, keep their ids as they are).
+    import re
+
+    from exl3_jax.ffi import bench
+    from exl3_jax.ops.moe_routing import pack_routes
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 16, (64, 4)), jnp.int32)
+    x = jnp.zeros((64, 32), jnp.float32)
+
+    def body_ops(packs):
+        def op(x, ids):
+            pr = pack_routes(bench.routes_of_call(x, ids, packs), 16, 16)
+            return x * pr.row_token[0].astype(x.dtype)
+        hlo = bench.timing_loop(op, 2, 2, 1).lower(x, [(ids,)]).compile().as_text()
+        body = re.search(r"body=(%[\w.\-]+)", hlo).group(1)
+        return re.search(re.escape(body) + r" [^\n]*\{\n(.*?)\n\}", hlo, re.S).group(1)
+    assert "scatter" in body_ops(True)
+    assert "scatter" not in body_ops(False)
+    assert bench.routes_of_call(x, ids, False) is ids
+
+
 def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
     # bench moe's plumbing on any backend, the fused layer replaced by a recorder: with
     # l2="cold" the loop's 8 unrolled calls route to 8 different expert sets (routed_variants,
