@@ -1341,6 +1341,32 @@ def _shfl(b, ins, mask, active):
         b.write(p, ok, mask)
 
 
+def _match(b, ins, mask, active):
+    """match.any.sync.b32 d, a, membermask (full warps, full mask): d = the lanes of this
+    lane's warp whose a equals its a."""
+    if ins.parts[1:] != ["any", "sync", "b32"]:
+        raise PtxUnsupported(ins.op)
+    b.full_warps(mask, "match.any.sync")
+    if ins.args[2][0] != "imm" or ins.args[2][1] & 0xFFFFFFFF != 0xFFFFFFFF:
+        raise PtxUnsupported(f"partial match mask: {ins.text}")
+    a = b.read(ins.args[1], "b32").astype(np.int64)
+    base = b.gwarp * 32
+    warp_vals = a[base[:, None] + np.arange(32)[None, :]]               # [lanes, 32]
+    bits = (warp_vals == a[:, None]).astype(np.uint64) << np.arange(32, dtype=np.uint64)
+    b.write(ins.args[0], bits.sum(axis=1).astype(np.uint32), mask)
+
+
+def _popc(b, ins, mask, active):
+    t = _type(ins)
+    if t not in ("b32", "b64"):
+        raise PtxUnsupported(ins.op)
+    x = b.read(ins.args[1], t).astype(np.uint64)
+    n = np.zeros(x.shape, np.uint32)
+    for i in range(_WIDTH[t]):
+        n += ((x >> np.uint64(i)) & np.uint64(1)).astype(np.uint32)
+    b.write(ins.args[0], n, mask)
+
+
 def _imma_u8(b, ins, mask, warps, lanes, regs):
     """mma.sync m16n8k32 u8 x u8 + s32 (exact integer sums, wrapping as the s32 adder)."""
     d_ops, a_ops, b_ops, c_ops = (a[1] for a in ins.args)
@@ -1621,7 +1647,7 @@ _HANDLERS = {
     "prmt": _prmt, "dp4a": _dp4a, "setp": _setp, "selp": _selp, "mov": _mov, "cvt": _cvt,
     "ld": _ld, "st": _st, "bra": _bra, "ret": _ret, "exit": _ret, "bar": _bar,
     "barrier": _bar, "shfl": _shfl, "mma": _mma, "wgmma": _wgmma, "cp": _cp, "fence": _fence,
-    "griddepcontrol": _griddepcontrol,
+    "griddepcontrol": _griddepcontrol, "match": _match, "popc": _popc,
 }
 
 

@@ -11,8 +11,10 @@ produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense k
 
 Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_layer`` ->
 ``launch_moe_layer``) that launches these kernels on the stream:
-  0. route packing (XLA: exl3_jax.ops.moe_routing.pack_routes, a few fusions; no kernel); none
-     for per-route plans, whose kernels derive every row from the flat ids (KernelRoutes);
+  0. route packing before the call (pack_for): XLA's counting sort
+     (exl3_jax.ops.moe_routing.pack_routes, a few fusions), or with pack_in_kernel() one
+     launch of ffi/route_pack.py's kernel (same tables); none for per-route plans, whose
+     kernels derive every row from the flat ids (KernelRoutes);
   1. rotate_in: gather of each packed row's token, * suh of its expert (gate and up planes),
      the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch). Per-route plans (one
      token, one route per block: decode at few routes per expert) do this inside FC1 instead
@@ -89,6 +91,7 @@ PLAN_ENV = "EXL3_JAX_MOE_PLAN"
 FUSED_ENV = "EXL3_JAX_MOE_FUSED"     # "0": the unfused glue (jnp + Hadamard kernels)
 MAX_TOP_K = 32                       # combine: one warp per route slot, <= 1024 threads
 MAX_TIERS = 3                        # expert tiers one grouped launch serves (tw0..tw2)
+PACK_ENV = "EXL3_JAX_MOE_PACK"       # "kernel" | "xla": how the sorted plans pack routes
 PDL_ENV = "EXL3_JAX_MOE_PDL"         # "0": the layer's kernels as ordinary stream-ordered launches
 # Tuning: "fc1=n_tiles,warps,splits,unroll;fc2=..." replaces the plan's CTA shape of that
 # projection (either may be left out); checked by GroupedMmaConfig.validate at trace time.
@@ -892,10 +895,29 @@ def fused_glue_default() -> bool:
     return (os.environ.get(FUSED_ENV, "1") or "1") != "0"
 
 
+def pack_in_kernel() -> bool:
+    """Whether the sorted plans pack routes with ffi/route_pack.py's kernel (one launch) rather
+    than XLA's counting sort: $EXL3_JAX_MOE_PACK ("kernel" | "xla"), else
+    moe_plans.PACK_KERNEL."""
+    from exl3_jax.ops.moe_plans import PACK_KERNEL
+    choice = os.environ.get(PACK_ENV, "") or ("kernel" if PACK_KERNEL else "xla")
+    if choice not in ("kernel", "xla"):
+        raise ValueError(f"{PACK_ENV}={choice!r}: use 'kernel' or 'xla'")
+    return choice == "kernel"
+
+
 def pack_for(ids, num_experts: int, plan: MoePlan) -> PackedRoutes:
-    """The route packing the plan asks for (sorted blocks or one block per route)."""
+    """The route packing the plan asks for (sorted blocks or one block per route); sorted
+    blocks in one kernel launch where pack_in_kernel() and the kernel takes the size (up to
+    1024 experts and 65536 routes), else XLA's counting sort (the same tables)."""
     if plan.packing == "per_route":
         return pack_routes_per_route(ids, num_experts, plan.block_m)
+    if pack_in_kernel():
+        from .route_pack import PackConfig, pack_routes_gpu
+        T, top_k = jnp.shape(ids)
+        if PackConfig(routes=T * top_k, experts=num_experts, block_m=plan.block_m,
+                      blocks=plan.blocks, top_k=top_k).fits():
+            return pack_routes_gpu(ids, num_experts, plan.block_m)
     return pack_routes(ids, num_experts, plan.block_m)
 
 

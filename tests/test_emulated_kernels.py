@@ -168,6 +168,72 @@ def test_dispatch_on_fresh_inputs_through_the_emulated_kernels(rng, arch, env, m
         assert row["nonfinite"] == 0 and row["rel"] <= 1e-3, row
 
 
+# The route-packing kernel (ffi/route_pack.py) on ids drawn fresh (-1 and out-of-range ids mixed
+# in) against the loop-based NumPy oracle, table by table; then one MoE layer whose sorted plan
+# packs with it (EXL3_JAX_MOE_PACK=kernel) against the packed reference.
+PACK = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from exl3_jax.ffi import emulate, trellis_moe as tm
+from exl3_jax.ffi.route_pack import pack_routes_gpu
+from exl3_jax.ops.moe_routing import pack_routes_numpy
+import importlib
+moe_ops = importlib.import_module("exl3_jax.ops.moe")
+from exl3_jax.ffi.bench import random_moe_weights
+rng = np.random.default_rng(int(sys.argv[1]))
+cases, layer = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+for T, top_k, E, bm, pattern in cases:
+    ids = rng.integers(-1, E, size=(T, top_k)).astype(np.int32)
+    ids[rng.random((T, top_k)) < 0.05] = E + 7
+    if pattern == "none":           # no route has an expert: no block in use
+        ids[:] = -1
+    elif pattern == "one":          # every valid route to one expert: its blocks are all
+        ids[ids >= 0] = int(rng.integers(E))
+    got = jax.jit(lambda i: pack_routes_gpu(i, E, bm))(jnp.asarray(ids))
+    want = pack_routes_numpy(ids, E, bm)
+    print(json.dumps(dict(case=[T, top_k, E, bm, pattern], equal={
+        k: bool(np.array_equal(np.asarray(getattr(got, k)), v)) for k, v in want.items()})),
+        flush=True)
+if layer:
+    T, top_k, E, H, I = layer
+    w13, down = random_moe_weights(H, I, E, 4, "mcg", seed=int(rng.integers(2**31)))
+    x = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
+    ids = jnp.asarray(np.argsort(rng.random((T, E)), axis=1)[:, :top_k].astype(np.int32))
+    w = jnp.asarray(rng.uniform(0.1, 1, (T, top_k)), jnp.float32)
+    emulate.LAUNCH_LOG.clear()
+    got = np.asarray(jax.jit(lambda x, i, w: tm.moe_gpu(x, i, w, w13, down, plan="prefill"))(
+        x, ids, w))
+    kernels = sorted({r["kernel"] for r in emulate.LAUNCH_LOG})
+    ref = np.asarray(moe_ops.moe(x, ids, w, w13, down, backend="packed"), np.float64)
+    print(json.dumps(dict(layer=layer, kernels=kernels, nonfinite=int((~np.isfinite(got)).sum()),
+                          rel=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))),
+          flush=True)
+"""
+
+# (T, top_k, E, block_m, pattern): one round of 32 lanes to three rounds per warp (2400
+# routes), a non-power-of-two expert count (the scan's padding), experts that no route hits,
+# every block size of the two plan families; no route with an expert, all routes to one.
+PACK_CASES = [[1, 8, 128, 8, ""], [5, 2, 4, 8, ""], [40, 4, 8, 16, ""], [9, 3, 5, 48, ""],
+              [64, 8, 16, 64, ""], [300, 8, 32, 128, ""], [130, 8, 1000, 8, ""],
+              [200, 4, 100, 32, ""], [50, 4, 16, 16, "none"], [300, 4, 64, 32, "one"]]
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch,cases,layer", [
+    ("sm_90a", PACK_CASES, [40, 2, 8, 256, 256]), ("sm_120a", PACK_CASES[:2], [])])
+def test_route_packing_kernel_matches_the_numpy_packing(rng, arch, cases, layer):
+    proc = _emulated(["-c", PACK, str(int(rng.integers(2**31))), json.dumps(cases),
+                      json.dumps(layer)], timeout=900, arch=arch,
+                     env={"EXL3_JAX_MOE_PACK": "kernel"})
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == len(cases) + bool(layer), proc.stdout[-2000:]
+    for row in rows[:len(cases)]:
+        assert all(row["equal"].values()), row
+    if layer:     # the layer's sorted plan packed by the kernel (its launch recorded)
+        assert rows[-1]["nonfinite"] == 0 and rows[-1]["rel"] <= 2e-3, rows[-1]
+        assert any("pack_routes" in k for k in rows[-1]["kernels"]), rows[-1]
+
+
 # The decode kernel with its loads through the cp.async ring (MmaConfig.ring) against the same
 # plan with direct loads: the same chunks per warp in the same order, so bit for bit the same.
 RING = """

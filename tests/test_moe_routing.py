@@ -259,6 +259,36 @@ def test_wgmma_plan_needs_hopper(monkeypatch):
         assert tm.plan_for(300, 2, 8, 256, 256).kind == ("wgmma" if auto else "prefill")
 
 
+@needs_cutlass
+def test_route_packing_kernel_sizes_and_switch(monkeypatch):
+    # The packing kernel takes one CTA's worth (up to 1024 experts, 64 rounds of 1024 routes,
+    # its shared memory); past that, or with EXL3_JAX_MOE_PACK=xla, the sorted plans pack in
+    # XLA; a bad switch value or inconsistent config is refused by name.
+    from exl3_jax.ffi import route_pack as rp
+    from exl3_jax.ffi import trellis_moe as tm
+    cfg = lambda R, E, bm, k=8: rp.PackConfig(R, E, bm, max_blocks(R, E, bm), k)  # noqa: E731
+    assert cfg(4096 * 8, 128, 128).fits() and cfg(8, 1024, 8).fits()
+    assert not cfg(8, 1025, 8).fits() and not cfg(65 * 1024 * 8, 128, 128).fits()
+    for bad, msg in ((cfg(16, 1025, 8), "1025 experts"), (cfg(65 * 8192, 16, 128), "routes exceed"),
+                     (rp.PackConfig(16, 4, 8, 3, 8), "static bound"),
+                     (rp.PackConfig(15, 4, 8, max_blocks(15, 4, 8), 8), "T \\* top_k")):
+        with pytest.raises(ValueError, match=msg):
+            bad.validate()
+    plan = moe_plan(40, 4, 8, 256, 256, kind="prefill")
+    ids = jnp.zeros((40, 4), jnp.int32)
+    used = []
+    monkeypatch.setattr(rp, "pack_routes_gpu", lambda *a: used.append(a) or pack_routes(*a))
+    monkeypatch.setenv(tm.PACK_ENV, "kernel")
+    tm.pack_for(ids, 8, plan)
+    assert len(used) == 1
+    monkeypatch.setenv(tm.PACK_ENV, "xla")
+    tm.pack_for(ids, 8, plan)
+    assert len(used) == 1
+    monkeypatch.setenv(tm.PACK_ENV, "fast")
+    with pytest.raises(ValueError, match="EXL3_JAX_MOE_PACK='fast'"):
+        tm.pack_for(ids, 8, plan)
+
+
 def test_plan_errors():
     with pytest.raises(ValueError, match="multiples of 128"):
         moe_plan(1, 2, 4, 200, 128)

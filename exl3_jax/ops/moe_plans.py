@@ -36,6 +36,11 @@ WGMMA_MIN_BLOCK_M = 16
 # Mixed-bitrate layers take it too (one wgmma launch per tier slab; call 59, Qwen3-30B-A3B K3 +
 # K4 tiers: 1627 -> 899 us at m = 1024, 4513 -> 2146 at 4096).
 WGMMA_AUTO = True
+# Whether the GPU path packs the sorted plans' routes in one kernel (ffi/route_pack.py) instead
+# of XLA's counting sort (moe_routing.pack_routes, 14-23 us on the H100, call 62): off until the
+# kernel has run on the hardware (session 33 built it; through the PTX interpreter its tables
+# equal pack_routes' bit for bit); EXL3_JAX_MOE_PACK=kernel | xla forces either.
+PACK_KERNEL = False
 PACKINGS = ("sorted", "per_route")
 PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
 
@@ -129,4 +134,4 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
 
 
 __all__ = ["DECODE_MAX_M", "DEFAULT_CAPACITY", "MoeGemmPlan", "MoePlan", "PACKINGS", "PLAN_KINDS",
-           "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "moe_plan"]
+           "PACK_KERNEL", "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "moe_plan"]
