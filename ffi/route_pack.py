@@ -35,7 +35,11 @@ from .cute_ops import cta_thread_ids
 
 THREADS = 1024                 # one CTA; thread e < E owns expert e in step 2
 WARPS = THREADS // 32
-MAX_ROUNDS = 64                # routes per lane kept in registers between steps 1 and 4
+MAX_ROUNDS = 64                # rounds of 32 routes per warp (65536 routes)
+# Up to this many rounds a lane keeps its routes' experts and ranks in registers from step 1 to
+# step 4; past it the rank goes through route_row and the expert is read again (1024 threads
+# leave 64 registers each: 32 rounds spilled on sm_90a, 8 on sm_120a).
+REGISTER_ROUNDS = 4
 MAX_SMEM_BYTES = 227 * 1024
 
 
@@ -136,8 +140,12 @@ def _pack_routes_kernel(ids: cute.Tensor, row_token: cute.Tensor, row_expert: cu
         if (key >= 0) & (rank == 0):                     # the lowest lane of each expert
             count[slot] = before + Int32(cute.arch.popc(peers))
         cute.arch.sync_warp()
-        keys.append(key)
-        ranks.append(before + rank)
+        if cutlass.const_expr(cfg.rounds <= REGISTER_ROUNDS):
+            keys.append(key)
+            ranks.append(before + rank)
+        else:
+            if inside:
+                route_row[r] = before + rank             # step 4 reads it back (this thread)
     cute.arch.sync_threads()
 
     # 2. Thread e: each warp's offset among expert e's routes, e's block count; the scan.
@@ -188,12 +196,17 @@ def _pack_routes_kernel(ids: cute.Tensor, row_token: cute.Tensor, row_expert: cu
     # 4. Rows of the routes.
     for i in cutlass.range_constexpr(cfg.rounds):
         r = warp * (cfg.rounds * 32) + i * 32 + lane
-        key = keys[i]
         if r < cfg.routes:
-            e0 = cutlass.max(key, Int32(0))
-            row = first_row[e0] + count[warp * E + e0] + ranks[i]
-            route_row[r] = cutlass.select_(key >= 0, row, Int32(-1))
-            if key >= 0:
+            if cutlass.const_expr(cfg.rounds <= REGISTER_ROUNDS):
+                key_r, rank_r = keys[i], ranks[i]
+            else:
+                e_r = Int32(ids[r])
+                key_r = cutlass.select_((e_r >= 0) & (e_r < E), e_r, Int32(-1))
+                rank_r = Int32(route_row[r])
+            e0 = cutlass.max(key_r, Int32(0))
+            row = first_row[e0] + count[warp * E + e0] + rank_r
+            route_row[r] = cutlass.select_(key_r >= 0, row, Int32(-1))
+            if key_r >= 0:
                 row_token[row] = r // cfg.top_k
 
 

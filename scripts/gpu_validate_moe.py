@@ -385,9 +385,9 @@ def run_validation(args) -> dict:
         """Mixed-bitrate layers, every tier in one custom call (ops.moe.tiers_share_launches),
         against the packed reference run tier by tier: K3 / K4 mcg, and three codebooks with a
         half rate (mcg K3, mul1 K3.5, 3inst K2), experts dealt to the tiers in a random order
-        and one expert in no tier (a rank's missing expert: its routes add zero); on Hopper
-        also the wgmma plan forced at 100 tokens (one launch per tier; auto takes it where the
-        blocks hold 16+ rows, not at these sizes)."""
+        and one expert in no tier (a rank's missing expert: its routes add zero); auto at 1 / 8
+        / 100 tokens (on Hopper 100 takes the wgmma plan: one launch per tier), and there the
+        mma.sync prefill plan forced at 100 as well."""
         H, I = 512, 256
         out = {}
         for name, spec in (("k3_k4_mcg", [("mcg", 3, 4), ("mcg", 4, 4)]),
@@ -407,14 +407,14 @@ def run_validation(args) -> dict:
             res = versus_reference(None, (1, 8, 100), H, 4, len(owner),   # (tiers always runs)
                                    lambda *t, f=f: f(*t, "gpu"), lambda *t, f=f: f(*t, "packed"),
                                    0.05, inter=I)
-            if WGMMA_FORCED:
+            if WGMMA_FORCED:      # Hopper: auto took wgmma at 100 tokens; the mma.sync kernel
                 g = jax.jit(lambda x, ids, w, slabs=slabs, et=expert_tier, es=expert_slot:
-                            _gpu_tiered(x, ids, w, slabs, et, es, "wgmma"))
+                            _gpu_tiered(x, ids, w, slabs, et, es, "prefill"))
                 forced = versus_reference(None, (100,), H, 4, len(owner), g,
                                           lambda *t, f=f: f(*t, "packed"), 0.05)
                 for row in forced["rows"]:
-                    row.update(plan="wgmma", block_m=tm.plan_for(row["T"], 4, len(owner), H, I,
-                                                                 "wgmma").block_m)
+                    row.update(plan="prefill", block_m=tm.plan_for(row["T"], 4, len(owner), H,
+                                                                   I, "prefill").block_m)
                 res["rows"] += forced["rows"]
                 res["ok"] = res["ok"] and forced["ok"]
             res["one_set_of_launches"] = bool(moe_ops.tiers_share_launches(slabs))
@@ -536,13 +536,14 @@ def run_memcheck() -> int:
     m = metrics(got, ref)
     log(f"memcheck run moe per-route: T=2 rel_l2={m['rel']:.3g} nan={m['nan']}")
     bad += not passes(m)
-    # Three tiers in one set of launches (the tiered grouped kernel), decode and prefill; on
-    # Hopper the wgmma plan forced (one launch per tier).
+    # Three tiers in one set of launches (the tiered grouped kernel), decode and auto at 40
+    # tokens (on Hopper the wgmma plan: one launch per tier), where the mma.sync prefill plan
+    # is also forced.
     slabs = [random_moe(rng, n, H, I, K, cb) for cb, K, n in
              (("mcg", 3, 3), ("mul1", 4, 3), ("3inst", 2, 2))]
     expert_tier = jnp.asarray([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32)
     expert_slot = jnp.asarray([0, 0, 0, 1, 1, 1, 2, 2], jnp.int32)
-    for T, plan in ((3, None), (40, None)) + WGMMA_FORCED[:1]:
+    for T, plan in ((3, None), (40, None)) + (((40, "prefill"),) if WGMMA_FORCED else ()):
         x, ids, w = draw_tokens(rng, T, H, top_k, E, invalid=0.1)
         got = (moe_ops.moe_tiered(x, ids, w, slabs, expert_tier, expert_slot, backend="gpu")
                if plan is None else _gpu_tiered(x, ids, w, slabs, expert_tier, expert_slot, plan))

@@ -44,6 +44,8 @@ def check_rows(module: str, cases, arch: str, timeout: int = 600,
     return rows
 
 
-def last_line_of_script(code: str, arch: str = "sm_90a", timeout: int = 600) -> str:
-    """Run ``python -c code`` for ``arch``; its last line of stdout."""
-    return _child(["-c", code], arch, timeout).stdout.split("\n")[-2]
+def last_line_of_script(code: str, arch: str = "sm_90a", timeout: int = 600,
+                        env: dict | None = None) -> str:
+    """Run ``python -c code`` for ``arch`` (``env``: more environment); its last line of
+    stdout."""
+    return _child(["-c", code], arch, timeout, env).stdout.split("\n")[-2]

@@ -109,10 +109,12 @@ def test_moe_validation_passes_on_the_emulated_kernels(validation_reports):
     rows = sections["accuracy"]["rows"]
     assert {r["block_m"] for r in rows if r.get("plan") == "wgmma"} == {32, 128}, rows
     assert 64 in {r["block_m"] for r in rows if r.get("plan") == "prefill"}, rows
-    # Mixed-bitrate layers on the wgmma plan (forced; one launch per tier), two and three tiers
+    # Mixed-bitrate layers, two and three tiers: auto at 100 tokens on the wgmma plan (one
+    # launch per tier), and the mma.sync prefill plan forced there
     tiers = sections["tiers"]
-    assert all([r["T"] for r in tiers[k]["rows"] if r.get("plan") == "wgmma"] == [100]
-               for k in ("k3_k4_mcg", "three_codebooks")), tiers
+    for plan in ("wgmma", "prefill"):
+        assert all([r["T"] for r in tiers[k]["rows"] if r.get("plan") == plan] == [100]
+                   for k in ("k3_k4_mcg", "three_codebooks")), tiers
     assert sections["edge"]["all_experts_hit_wgmma"]["ok"]
 
 
@@ -211,11 +213,13 @@ if layer:
 """
 
 # (T, top_k, E, block_m, pattern): one round of 32 lanes to three rounds per warp (2400
-# routes), a non-power-of-two expert count (the scan's padding), experts that no route hits,
+# routes) with ranks in registers, ten rounds with ranks through route_row (past REGISTER_ROUNDS),
+# a non-power-of-two expert count (the scan's padding), experts that no route hits,
 # every block size of the two plan families; no route with an expert, all routes to one.
 PACK_CASES = [[1, 8, 128, 8, ""], [5, 2, 4, 8, ""], [40, 4, 8, 16, ""], [9, 3, 5, 48, ""],
               [64, 8, 16, 64, ""], [300, 8, 32, 128, ""], [130, 8, 1000, 8, ""],
-              [200, 4, 100, 32, ""], [50, 4, 16, 16, "none"], [300, 4, 64, 32, "one"]]
+              [200, 4, 100, 32, ""], [50, 4, 16, 16, "none"], [300, 4, 64, 32, "one"],
+              [1200, 8, 64, 128, ""]]
 
 
 @needs_cutlass

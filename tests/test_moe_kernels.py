@@ -103,6 +103,34 @@ def test_moe_wgmma_plan_compiles_for_hopper(tmp_path):
             + ["_trellis_wgmma_kernel"] * (2 * launches), row
 
 
+# The route-packing kernel (ffi/route_pack.py): one round per warp with ranks in registers,
+# eight and 32 (ranks through route_row, past REGISTER_ROUNDS) at 128 / 256 experts, 1000
+# experts.
+PACK_EXPORT = """
+import jax, jax.numpy as jnp
+from jax import export
+from exl3_jax.ffi import aot
+from exl3_jax.ffi.route_pack import pack_routes_gpu
+n = 0
+for T, top_k, E, bm in ((8, 8, 128, 8), (1024, 8, 128, 64), (4096, 8, 256, 128), (256, 4, 1000, 8)):
+    exp = export.export(jax.jit(lambda i: pack_routes_gpu(i, E, bm)), platforms=["cuda"],
+                        disabled_checks=aot.disabled_checks())(
+        jax.ShapeDtypeStruct((T, top_k), jnp.int32))
+    n += aot.CUSTOM_CALL_PREFIX in exp.mlir_module()
+print(n)
+"""
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_route_packing_kernel_compiles_without_spills(arch, tmp_path):
+    keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
+    assert last_line_of_script(PACK_EXPORT, arch, env=keep) == "4"
+    if helpers_sass.nvdisasm() is not None:
+        assert len(list(tmp_path.glob(f"*.{arch}.cubin"))) == 4
+        assert helpers_sass.spilling_cubins(tmp_path) == {}
+
+
 DISPATCH_EXPORT = """
 import importlib
 import jax, jax.numpy as jnp
