@@ -299,14 +299,16 @@ def ragged_moe_baseline(x, ids, weights, wg, wu, wd):
     return jnp.einsum("tkh,tk->th", y, weights.astype(jnp.float32))
 
 
-def routes_of_call(x, ids, packs: bool = True):
+def routes_of_call(x, ids, plan=None):
     """ids as a value of the loop's chained x (unchanged: x is never NaN there). In a model the
     router computes each layer's ids, so its route packing is part of the layer; with ids
     that only depend on the loop's arguments XLA hoists the packing out of time_in_loop's loop
     as invariant work (bench moe's layer times up to session 32 left it out that way).
-    ``packs`` False (a per-route plan: no packing ops to hoist) returns ids as they are, so
-    the select adds no kernel the model would not run."""
-    return jnp.where(jnp.isnan(x[0, 0]), -1, ids) if packs else ids
+    ``plan``: the layer's MoePlan; a per-route plan (no packing ops to hoist) gets ids as they
+    are, so the select adds no kernel the model would not run."""
+    if plan is not None and plan.packing == "per_route":
+        return ids
+    return jnp.where(jnp.isnan(x[0, 0]), -1, ids)
 
 
 def routed_variants(ids, E: int, n: int = 8):
@@ -324,9 +326,10 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
     of their bytes and decode ALU time of their weights, anchors.md rates) and an unfused
     ragged_dot baseline in the same run. K: a rate, or a tuple of rates for a mixed-bitrate
     layer (experts dealt round-robin to one tier slab per rate, run through
-    ops.moe.moe_tiered: one custom call). l2: "cold" (the loop's calls cycle through routed_variants, so the touched experts are not
-    the same call after call and come from HBM as in a model) or "warm" (one routing: its
-    experts stay in the L2 across the loop, the method before session 24)."""
+    ops.moe.moe_tiered: one custom call). l2: "cold" (the loop's calls cycle through
+    routed_variants, so the touched experts are not the same call after call and come from HBM
+    as in a model) or "warm" (one routing: its experts stay in the L2 across the loop, the
+    method before session 24)."""
     import importlib
 
     from exl3_jax.ffi import trellis_moe as tm
@@ -376,7 +379,6 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             floor_us = max(hbm_us, alu_us, mma_us)
             iters = int(max(8, min(128, 2e4 / max(1, m))))
             plan = tm.plan_for(m, top_k, E, w13.k, w13.n)
-            packs = plan.packing != "per_route"          # (routes_of_call)
             idv = routed_variants(ids, E) if l2 == "cold" else [ids]
             row = dict(geometry=name, H=H, I=I, E=E, top_k=top_k, K=K, codebook=codebook, m=m,
                        l2=l2,
@@ -386,7 +388,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                        decode_floor_us=alu_us, mma_floor_us=mma_us, floor_us=floor_us)
             try:
                 row["us"] = 1e6 * time_in_loop(
-                    lambda x, i, w, e: layer(x, routes_of_call(x, i, packs), w, e),
+                    lambda x, i, w, e: layer(x, routes_of_call(x, i, plan), w, e),
                     (x, ids, wts, experts), iters=iters, reps=3,
                     variants=[(i, wts, experts) for i in idv])
                 row["floor_ratio"] = row["us"] / floor_us
@@ -395,7 +397,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             if unfused and not tiers:   # the jnp-glue variant (8 launches + XLA)
                 try:
                     row["unfused_us"] = 1e6 * time_in_loop(
-                        lambda x, i, w, e: layer(x, routes_of_call(x, i, packs), w, e,
+                        lambda x, i, w, e: layer(x, routes_of_call(x, i, plan), w, e,
                                                  fused=False),
                         (x, ids, wts, experts), iters=iters, reps=3,
                         variants=[(i, wts, experts) for i in idv])

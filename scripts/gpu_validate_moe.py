@@ -160,8 +160,9 @@ def case(rng, E, H, I, K, cb, T, top_k, invalid=0.0, plan=None, x_dtype=jnp.bflo
 def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
     """Qwen3-30B-A3B geometry, auto plans at each m of ``ms``: time of route packing, FC1 and
     FC2 alone, of the whole layer (its packing and one custom call) with and without
-    programmatic dependent launch and unfused; for decode plans also of the layer under a few alternative plans
-    (n_tiles / warps / splits / unroll of FC1 and FC2), to pick the decode plan."""
+    programmatic dependent launch and unfused; for decode plans also of the layer under a few
+    alternative plans (n_tiles / warps / splits / unroll of FC1 and FC2), to pick the decode
+    plan."""
     import dataclasses
 
     from exl3_jax.ffi import bench as gb
@@ -177,7 +178,6 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
         x = jnp.asarray(np.random.default_rng(2).standard_normal((m, H)), jnp.bfloat16)
         plan = tm.plan_for(m, top_k, w13.stack_shape[1], w13.k, w13.n)
         pr = tm.kernel_routes(ids, E, plan)
-        packs = plan.packing != "per_route"        # gb.routes_of_call
         cfg1, cfg2 = tm.grouped_config(w13, plan.fc1, plan), tm.grouped_config(down, plan.fc2,
                                                                                plan)
         glue = (w13.suh, w13.svh, down.suh, down.svh)
@@ -198,13 +198,13 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
                 fc2_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), down, pr.block_expert,
                                                        cfg2), xh2),
                 # the layers with their packing (routes_of_call: not hoisted out of the loop)
-                layer_us=T(lambda x: tm.moe_gpu(x, gb.routes_of_call(x, ids, packs), wts, w13,
+                layer_us=T(lambda x: tm.moe_gpu(x, gb.routes_of_call(x, ids, plan), wts, w13,
                                                 down), x),
                 layer_no_pdl_us=T(lambda x: tm.moe_layer(
-                    x, tm.kernel_routes(gb.routes_of_call(x, ids, packs), E, plan), w13, down,
+                    x, tm.kernel_routes(gb.routes_of_call(x, ids, plan), E, plan), w13, down,
                     wts, glue=glue, cfg1=cfg1, cfg2=cfg2, valid_cols=I, pdl=False), x),
                 layer_unfused_us=T(lambda x: tm.moe_gpu(
-                    x, gb.routes_of_call(x, ids, packs), wts, w13, down, fused=False), x))
+                    x, gb.routes_of_call(x, ids, plan), wts, w13, down, fused=False), x))
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         log(json.dumps(row))
@@ -229,7 +229,7 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
                 r = dict(m=m, fc1=v1, fc2=v2)
                 try:
                     r["layer_us"] = T(lambda x: tm.moe_gpu(
-                        x, gb.routes_of_call(x, ids, packs), wts, w13, down, plan=alt), x)
+                        x, gb.routes_of_call(x, ids, plan), wts, w13, down, plan=alt), x)
                 except Exception as e:  # noqa: BLE001
                     r["error"] = f"{type(e).__name__}: {e}"[:300]
                 log(json.dumps(r))

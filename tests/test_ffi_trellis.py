@@ -1457,7 +1457,7 @@ def test_bench_timer_and_weights():
         bench.weight_copies(l2, "hot")
 
 
-def test_timing_loop_keeps_the_route_packing_inside(monkeypatch):
+def test_timing_loop_keeps_the_route_packing_inside():
     # XLA hoists work that depends only on the loop's arguments out of the while loop: a MoE
     # layer's route packing with fixed ids would go uncounted. routes_of_call ties the ids to
     # the chained x, so the packing's scatter stays in the loop body (per-route plans, with no
@@ -1465,20 +1465,24 @@ def test_timing_loop_keeps_the_route_packing_inside(monkeypatch):
     import re
 
     from exl3_jax.ffi import bench
+    from exl3_jax.ops.moe_plans import moe_plan
     from exl3_jax.ops.moe_routing import pack_routes
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 16, (64, 4)), jnp.int32)
     x = jnp.zeros((64, 32), jnp.float32)
+    sorted_plan = moe_plan(64, 4, 16, 256, 256, kind="prefill")
+    per_route = moe_plan(1, 2, 64, 256, 256)
+    assert (sorted_plan.packing, per_route.packing) == ("sorted", "per_route")
 
-    def body_ops(packs):
+    def body_ops(plan):
         def op(x, ids):
-            pr = pack_routes(bench.routes_of_call(x, ids, packs), 16, 16)
+            pr = pack_routes(bench.routes_of_call(x, ids, plan), 16, 16)
             return x * pr.row_token[0].astype(x.dtype)
         hlo = bench.timing_loop(op, 2, 2, 1).lower(x, [(ids,)]).compile().as_text()
         body = re.search(r"body=(%[\w.\-]+)", hlo).group(1)
         return re.search(re.escape(body) + r" [^\n]*\{\n(.*?)\n\}", hlo, re.S).group(1)
-    assert "scatter" in body_ops(True)
-    assert "scatter" not in body_ops(False)
-    assert bench.routes_of_call(x, ids, False) is ids
+    assert "scatter" in body_ops(sorted_plan) and "scatter" in body_ops(None)
+    assert "scatter" not in body_ops(per_route)     # ids as they are: XLA hoists the packing
+    assert bench.routes_of_call(x, ids, per_route) is ids
 
 
 def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):

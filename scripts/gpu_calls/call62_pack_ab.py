@@ -1,8 +1,9 @@
 """Call 62 (session 33): the route packing (exl3_jax.ops.moe_routing.pack_routes) of this tree
 against an older moe_routing.py (--old, e.g. `git show 10e054d:exl3_jax/ops/moe_routing.py`), on
 the GPU, one process: the tables equal (exactly), the packing alone (all its tables; also this
-tree's "count" method forced) and, at --layer-m, the Qwen3-30B-A3B layer (auto plan, K4 mcg) with each, alternated
-twice; one JSON line per m.
+tree's "count" method forced) and, at --layer-m, the Qwen3-30B-A3B layer (auto plan, K4 mcg)
+with each, alternated twice; one JSON line per m. A record: it ran on the session's
+intermediate tree, whose pack_routes still took method=; main's takes none (one packing).
 
   python scripts/gpu_calls/call62_pack_ab.py --old /tmp/old_routing.py --m 4096,1024,512,128,64
 """

@@ -4,7 +4,8 @@ sizes with invalid ids mixed in; the packing alone, kernel vs XLA (every table);
 Qwen3-30B-A3B layer with its packing (bench.routes_of_call) under each, alternated twice. One
 JSON line per row.
 
-  python scripts/gpu_calls/call64_pack_kernel.py [--m 8,32,128,512,1024,4096] [--layer-m 8,128,1024,4096]
+  python scripts/gpu_calls/call64_pack_kernel.py [--m 8,32,128,512,1024,4096]
+      [--layer-m 8,128,1024,4096]
 """
 import argparse
 import json
