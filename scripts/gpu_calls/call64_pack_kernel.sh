@@ -15,6 +15,20 @@ timeout 200 python3 scripts/gpu_calls/call64_pack_kernel.py > $RES/64_pack.log 2
 t "pack kernel rc=$?"; grep '^{' $RES/64_pack.log | cut -c1-260; save
 EXL3_JAX_MOE_PACK=kernel timeout 120 python3 scripts/gpu_validate_moe.py --quick --no-bench --sections accuracy,edge,tiers --budget-s 100 --out $RES/64_validate.json > $RES/64_validate.log 2>&1
 t "validate rc=$?"; grep -E 'SUMMARY' $RES/64_validate.log | cut -c1-250; save
+# The choice call 63 (fired right after, same machine) times with: the kernel if its memcheck
+# was clean, its tables equal, the validation passed and it won every layer row.
+python3 - <<'PY' > /tmp/pack_choice 2>/dev/null || echo xla > /tmp/pack_choice
+import json, re, statistics as st
+mc = open("/tmp/res/64_memcheck.log").read()
+ok = "ERROR SUMMARY" in mc and not re.search(r"ERROR SUMMARY: [1-9]", mc)
+rows = [json.loads(l) for l in open("/tmp/res/64_pack.log") if l.startswith("{")]
+ok &= all(r["equal"] for r in rows if r["check"] == "tables") and bool(rows)
+ok &= all(st.median(r["layer_kernel_us"]) < st.median(r["layer_xla_us"])
+          for r in rows if "layer_kernel_us" in r)
+ok &= "ok = True" in open("/tmp/res/64_validate.log").read()
+print("kernel" if ok else "xla")
+PY
+t "pack choice for call 63: $(cat /tmp/pack_choice)"
 for P in kernel xla; do
   (cd scripts && EXL3_JAX_MOE_PACK=$P timeout 100 python3 gpu_e2e_decode.py --cases moe:1:512,moe:8:512 --codebook mcg --repeats 3 --budget-s 85 --hard-limit-s 95 --out $RES/64_e2e_$P.json > $RES/64_e2e_$P.log 2>&1)
   t "e2e $P rc=$?"; grep -E "^moe" $RES/64_e2e_$P.log | cut -c1-200 | head -3; save
