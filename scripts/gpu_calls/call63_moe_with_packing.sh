@@ -11,7 +11,7 @@
 # 2146 us) plus the packing. (3) prefill 512 tokens 10.8k -> 11.3-11.8k tok/s (48 layers x
 # ~30 us of packing saved of ~47 ms); decode unchanged (per-route packing).
 CALL=call63
-# Session 34: the packing call 64 chose (the kernel if it held there; XLA's otherwise).
+# Session 34: the packing call 64 chose (its e2e rows stand for (3), which is dropped here) (the kernel if it held there; XLA's otherwise).
 export EXL3_JAX_MOE_PACK=$(cat /tmp/pack_choice 2>/dev/null || echo xla); t "packing: $EXL3_JAX_MOE_PACK"
 timeout 200 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b,glm-4.5-air,glm-5.2-tp4 --m 1,2,4,8,16,32,128 --out $RES/63_moe.json > $RES/63_moe.log 2>&1
 t "bench moe rc=$?"; grep -v -i warn $RES/63_moe.log | grep " us " | cut -c1-150; save
@@ -19,6 +19,4 @@ timeout 120 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b,glm-4.5
 t "bench moe prefill rc=$?"; grep -v -i warn $RES/63_moe_prefill.log | grep " us " | cut -c1-150; save
 timeout 60 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b --K 3+4 --m 1024,4096 --no-baseline --out $RES/63_moe_tiers.json > $RES/63_moe_tiers.log 2>&1
 t "bench moe tiers rc=$?"; grep " us " $RES/63_moe_tiers.log | cut -c1-110; save
-(cd scripts && timeout 110 python3 gpu_e2e_decode.py --cases moe:1:512,moe:8:512 --codebook mcg --repeats 3 --budget-s 90 --hard-limit-s 105 --out $RES/63_e2e.json > $RES/63_e2e.log 2>&1)
-t "e2e rc=$?"; grep -E "^moe" $RES/63_e2e.log | cut -c1-200 | head -3; save
 t done
