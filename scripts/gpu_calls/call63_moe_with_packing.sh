@@ -11,7 +11,8 @@
 # 2146 us) plus the packing. (3) prefill 512 tokens 10.8k -> 11.3-11.8k tok/s (48 layers x
 # ~30 us of packing saved of ~47 ms); decode unchanged (per-route packing).
 CALL=call63
-# Session 34: the packing call 64 chose (its e2e rows stand for (3), which is dropped here) (the kernel if it held there; XLA's otherwise).
+# Session 34: timed with the packing call 64 chose (the kernel if it held there, else XLA's);
+# step (3) is dropped: call 64's e2e rows (both packings) stand for it.
 export EXL3_JAX_MOE_PACK=$(cat /tmp/pack_choice 2>/dev/null || echo xla); t "packing: $EXL3_JAX_MOE_PACK"
 timeout 200 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b,glm-4.5-air,glm-5.2-tp4 --m 1,2,4,8,16,32,128 --out $RES/63_moe.json > $RES/63_moe.log 2>&1
 t "bench moe rc=$?"; grep -v -i warn $RES/63_moe.log | grep " us " | cut -c1-150; save
