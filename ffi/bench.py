@@ -407,10 +407,11 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 row["loop_us"] = loop_overhead_us(m, H)
             except Exception as e:   # noqa: BLE001
                 row["loop_error"] = f"{type(e).__name__}: {e}"[:300]
-            try:          # the route packing alone (XLA; every table: XLA drops unused ones)
-                row["pack_us"] = 1e6 * time_in_loop(
+            try:          # the route packing alone (every table: XLA drops unused ones);
+                # per-route plans have none (their kernels read the ids)
+                row["pack_us"] = 0.0 if plan.packing == "per_route" else 1e6 * time_in_loop(
                     lambda i: jnp.concatenate([a.ravel() for a in jax.tree.leaves(
-                        tm.kernel_routes(i, E, plan))]), (ids,), iters=iters, reps=3)
+                        tm.pack_for(i, E, plan))]), (ids,), iters=iters, reps=3)
             except Exception as e:   # noqa: BLE001
                 row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
             if dense is not None:

@@ -12,9 +12,9 @@ produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense k
 Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_layer`` ->
 ``launch_moe_layer``) that launches these kernels on the stream:
   0. route packing before the call (pack_for): XLA's counting sort
-     (exl3_jax.ops.moe_routing.pack_routes, a few fusions), or with pack_in_kernel() one
-     launch of ffi/route_pack.py's kernel (same tables); none for per-route plans, whose
-     kernels derive every row from the flat ids (KernelRoutes);
+     (exl3_jax.ops.moe_routing.pack_routes, a few fusions), or where pack_in_kernel() (up
+     to 4096 routes by default) one launch of ffi/route_pack.py's kernel (same tables); none
+     for per-route plans, whose kernels derive every row from the flat ids (KernelRoutes);
   1. rotate_in: gather of each packed row's token, * suh of its expert (gate and up planes),
      the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch). Per-route plans (one
      token, one route per block: decode at few routes per expert) do this inside FC1 instead
@@ -895,15 +895,15 @@ def fused_glue_default() -> bool:
     return (os.environ.get(FUSED_ENV, "1") or "1") != "0"
 
 
-def pack_in_kernel() -> bool:
-    """Whether the sorted plans pack routes with ffi/route_pack.py's kernel (one launch) rather
-    than XLA's counting sort: $EXL3_JAX_MOE_PACK ("kernel" | "xla"), else
-    moe_plans.PACK_KERNEL."""
-    from exl3_jax.ops.moe_plans import PACK_KERNEL
-    choice = os.environ.get(PACK_ENV, "") or ("kernel" if PACK_KERNEL else "xla")
-    if choice not in ("kernel", "xla"):
+def pack_in_kernel(routes: int) -> bool:
+    """Whether the sorted plans pack ``routes`` routes with ffi/route_pack.py's kernel (one
+    launch) rather than XLA's counting sort: $EXL3_JAX_MOE_PACK ("kernel" | "xla") forces
+    either; by default the kernel up to moe_plans.PACK_KERNEL_MAX_ROUTES routes."""
+    from exl3_jax.ops.moe_plans import PACK_KERNEL_MAX_ROUTES
+    choice = os.environ.get(PACK_ENV, "")
+    if choice not in ("", "kernel", "xla"):
         raise ValueError(f"{PACK_ENV}={choice!r}: use 'kernel' or 'xla'")
-    return choice == "kernel"
+    return choice == "kernel" or (not choice and routes <= PACK_KERNEL_MAX_ROUTES)
 
 
 def pack_for(ids, num_experts: int, plan: MoePlan) -> PackedRoutes:
@@ -912,9 +912,9 @@ def pack_for(ids, num_experts: int, plan: MoePlan) -> PackedRoutes:
     1024 experts and 65536 routes), else XLA's counting sort (the same tables)."""
     if plan.packing == "per_route":
         return pack_routes_per_route(ids, num_experts, plan.block_m)
-    if pack_in_kernel():
+    T, top_k = jnp.shape(ids)
+    if pack_in_kernel(T * top_k):
         from .route_pack import PackConfig, pack_routes_gpu
-        T, top_k = jnp.shape(ids)
         if PackConfig(routes=T * top_k, experts=num_experts, block_m=plan.block_m,
                       blocks=plan.blocks, top_k=top_k).fits():
             return pack_routes_gpu(ids, num_experts, plan.block_m)

@@ -1508,6 +1508,11 @@ def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
         assert [(r["l2"], r["m"]) for r in rows] == [(l2, 2)] and rows[0]["us"] > 0
         assert rows[0]["ragged_us"] > 0 and "error" not in rows[0], rows[0]
         assert len({id(t) for t in seen}) == distinct       # one tracer per routing
+        assert rows[0]["packing"] == "per_route" and rows[0]["pack_us"] == 0.0, rows[0]
+    # A sorted plan's packing timed alone (XLA's here: the kernel needs a GPU)
+    monkeypatch.setenv(tm.PACK_ENV, "xla")
+    row, = bench.bench_moe(ms=[8], K=4, l2="warm", baseline=False, log=lambda *_: None)
+    assert row["packing"] == "sorted" and row["pack_us"] > 0 and "pack_error" not in row, row
     with pytest.raises(ValueError, match="l2 must be"):
         bench.bench_moe(ms=[2], l2="hot")
     # K3 + K4 tiers: experts dealt round-robin to two slabs, one moe_tiered call per layer

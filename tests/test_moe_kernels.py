@@ -3,8 +3,8 @@ jax.export-ed for platforms=["cuda"] with CUTE_DSL_ARCH=sm_90a and sm_120a (one 
 arch, since CuTe DSL reads the arch once per process), which compiles the grouped FC1/FC2
 kernels (single-slab and tiered) and the fused glue kernels (rotate_in, activation, combine) and
 embeds their cubins. Checked: the export
-succeeds, holds the 5 CuTe custom calls of moe_gpu, and its cubins are for the requested SM
-only. The numerics are validated on the H200 by scripts/gpu_validate_moe.py."""
+succeeds, holds moe_gpu's one CuTe custom call (its 5 kernels; sorted plans add the route
+packing's call), and its cubins are for the requested SM only. The numerics are validated on the H200 by scripts/gpu_validate_moe.py."""
 
 from __future__ import annotations
 
@@ -68,12 +68,16 @@ def test_moe_kernels_compile_and_export(arch, tmp_path):
         spills = helpers_sass.spilling_cubins(tmp_path)
         assert sum(spills.values()) == KNOWN_SPILLS[arch], spills
     for row in rows:
-        assert row["calls"] == 1, row      # rotate_in, FC1, activation, FC2, combine in one
+        # rotate_in, FC1, activation, FC2, combine in one custom call; sorted plans pack their
+        # routes in one more (ffi/route_pack.py, the default at these sizes).
         # A single-slab per-route plan rotates inside FC1: no rotate_in kernel in the layer.
         plan = moe_plan(row["tokens"], row["top_k"], row["E"], row["H"], row["I"],
                         kind=row["plan"])
-        fused = plan.packing == "per_route" and not row["tiers"]
-        assert row["kernels"] == glue + ([] if fused else ["_rotate_in_kernel"]), row
+        sorted_ = plan.packing == "sorted"
+        assert row["calls"] == 1 + sorted_, row
+        fused = not sorted_ and not row["tiers"]
+        assert row["kernels"] == sorted(glue + ([] if fused else ["_rotate_in_kernel"])
+                                        + (["_pack_routes_kernel"] if sorted_ else [])), row
 
 
 # The wgmma plan (Hopper only: sm_90a): blocks of 128, 64 and 32 rows, each codebook, a half
@@ -97,10 +101,10 @@ def test_moe_wgmma_plan_compiles_for_hopper(tmp_path):
         assert list(tmp_path.glob("*.cubin"))
         assert helpers_sass.spilling_cubins(tmp_path) == {}
     for row in rows:      # both GEMMs on the grouped wgmma kernel (per tier), in one custom call
-        launches = len(row["tiers"] or [None])
-        assert row["calls"] == 1, row
-        assert row["kernels"] == ["_activation_kernel", "_combine_kernel", "_rotate_in_kernel"] \
-            + ["_trellis_wgmma_kernel"] * (2 * launches), row
+        launches = len(row["tiers"] or [None])     # (and the route packing in one more)
+        assert row["calls"] == 2, row
+        assert row["kernels"] == ["_activation_kernel", "_combine_kernel", "_pack_routes_kernel",
+                                  "_rotate_in_kernel"] + ["_trellis_wgmma_kernel"] * (2 * launches), row
 
 
 # The route-packing kernel (ffi/route_pack.py): one round per warp with ranks in registers,
@@ -163,5 +167,6 @@ print(exp.mlir_module().count(aot.CUSTOM_CALL_PREFIX), back.out_avals[0].shape)
 def test_tiered_dispatch_lowers_for_cuda():
     # The ops-level dispatch (two K tiers, narrower input 200 -> 256) exports for CUDA and
     # survives serialization: both tiers run in one set of launches, so the module holds one CuTe
-    # custom call (rotate_in, FC1, activation, FC2, combine) however many tiers there are.
-    assert last_line_of_script(DISPATCH_EXPORT) == "1 (5, 256)"
+    # custom call for the layer (rotate_in, FC1, activation, FC2, combine) however many tiers
+    # there are, and one for its route packing (10 routes on 8 experts: a sorted plan).
+    assert last_line_of_script(DISPATCH_EXPORT) == "2 (5, 256)"

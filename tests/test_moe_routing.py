@@ -266,6 +266,7 @@ def test_route_packing_kernel_sizes_and_switch(monkeypatch):
     # XLA; a bad switch value or inconsistent config is refused by name.
     from exl3_jax.ffi import route_pack as rp
     from exl3_jax.ffi import trellis_moe as tm
+    from exl3_jax.ops import moe_plans
     cfg = lambda R, E, bm, k=8: rp.PackConfig(R, E, bm, max_blocks(R, E, bm), k)  # noqa: E731
     assert cfg(4096 * 8, 128, 128).fits() and cfg(8, 1024, 8).fits()
     assert not cfg(8, 1025, 8).fits() and not cfg(65 * 1024 * 8, 128, 128).fits()
@@ -274,19 +275,30 @@ def test_route_packing_kernel_sizes_and_switch(monkeypatch):
                      (rp.PackConfig(15, 4, 8, max_blocks(15, 4, 8), 8), "T \\* top_k")):
         with pytest.raises(ValueError, match=msg):
             bad.validate()
-    plan = moe_plan(40, 4, 8, 256, 256, kind="prefill")
-    ids = jnp.zeros((40, 4), jnp.int32)
     used = []
     monkeypatch.setattr(rp, "pack_routes_gpu", lambda *a: used.append(a) or pack_routes(*a))
-    monkeypatch.setenv(tm.PACK_ENV, "kernel")
-    tm.pack_for(ids, 8, plan)
-    assert len(used) == 1
-    monkeypatch.setenv(tm.PACK_ENV, "xla")
-    tm.pack_for(ids, 8, plan)
-    assert len(used) == 1
-    monkeypatch.setenv(tm.PACK_ENV, "fast")
+
+    def packs_in_kernel(T, top_k, env=None):
+        # Whether pack_for takes the kernel for T tokens at top_k (E 8, the auto plan).
+        if env is None:
+            monkeypatch.delenv(tm.PACK_ENV, raising=False)
+        else:
+            monkeypatch.setenv(tm.PACK_ENV, env)
+        plan = moe_plan(T, top_k, 8, 256, 256, kind="prefill")
+        before = len(used)
+        tm.pack_for(jnp.zeros((T, top_k), jnp.int32), 8, plan)
+        return len(used) > before
+
+    # By default the kernel up to PACK_KERNEL_MAX_ROUTES routes, XLA's sort past it.
+    limit = moe_plans.PACK_KERNEL_MAX_ROUTES
+    assert packs_in_kernel(40, 4) and packs_in_kernel(limit // 4, 4)
+    assert not packs_in_kernel(limit // 4 + 1, 4)
+    assert packs_in_kernel(limit // 4 + 1, 4, "kernel")      # the switch forces either
+    assert not packs_in_kernel(40, 4, "xla")
+    monkeypatch.setattr(moe_plans, "PACK_KERNEL_MAX_ROUTES", 0)
+    assert not packs_in_kernel(40, 4)
     with pytest.raises(ValueError, match="EXL3_JAX_MOE_PACK='fast'"):
-        tm.pack_for(ids, 8, plan)
+        packs_in_kernel(40, 4, "fast")
 
 
 def test_plan_errors():

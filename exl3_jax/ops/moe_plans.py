@@ -36,11 +36,14 @@ WGMMA_MIN_BLOCK_M = 16
 # Mixed-bitrate layers take it too (one wgmma launch per tier slab; call 59, Qwen3-30B-A3B K3 +
 # K4 tiers: 1627 -> 899 us at m = 1024, 4513 -> 2146 at 4096).
 WGMMA_AUTO = True
-# Whether the GPU path packs the sorted plans' routes in one kernel (ffi/route_pack.py) instead
-# of XLA's counting sort (moe_routing.pack_routes, 14-23 us on the H100, call 62): off until the
-# kernel has run on the hardware (session 33 built it; through the PTX interpreter its tables
-# equal pack_routes' bit for bit); EXL3_JAX_MOE_PACK=kernel | xla forces either.
-PACK_KERNEL = False
+# Up to how many routes (tokens x top_k) the GPU path packs the sorted plans' routes in one
+# kernel (ffi/route_pack.py, one CTA) instead of XLA's counting sort (moe_routing.pack_routes);
+# the tables are the same bit for bit. Call 64 (H200): packing 6-10 us against 12-16 from 64
+# to 1024 routes, 17 against 24 at 4096; the Qwen3-30B-A3B layer 8 us faster at m = 8 and 13
+# at m = 128. One CTA's time grows with the routes (~2.7 us per 1000), so past 4096 XLA's
+# (14-19 us on the H100 at 8192-32768 routes) is expected to win: not measured there yet.
+# EXL3_JAX_MOE_PACK=kernel | xla forces either.
+PACK_KERNEL_MAX_ROUTES = 4096
 PACKINGS = ("sorted", "per_route")
 PER_ROUTE_RATIO = 4        # per-route blocks when routes <= experts / 4 (Qwen3-30B: m <= 4)
 
@@ -134,4 +137,4 @@ def moe_plan(tokens: int, top_k: int, experts: int, hidden: int, inter: int, *,
 
 
 __all__ = ["DECODE_MAX_M", "DEFAULT_CAPACITY", "MoeGemmPlan", "MoePlan", "PACKINGS", "PLAN_KINDS",
-           "PACK_KERNEL", "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "moe_plan"]
+           "PACK_KERNEL_MAX_ROUTES", "WGMMA_AUTO", "WGMMA_MIN_BLOCK_M", "moe_plan"]

@@ -11,9 +11,9 @@
 # 2146 us) plus the packing. (3) prefill 512 tokens 10.8k -> 11.3-11.8k tok/s (48 layers x
 # ~30 us of packing saved of ~47 ms); decode unchanged (per-route packing).
 CALL=call63
-# Session 34: timed with the packing call 64 chose (the kernel if it held there, else XLA's);
-# step (3) is dropped: call 64's e2e rows (both packings) stand for it.
-export EXL3_JAX_MOE_PACK=$(cat /tmp/pack_choice 2>/dev/null || echo xla); t "packing: $EXL3_JAX_MOE_PACK"
+# Session 34: call 64 made the packing kernel the default up to 4096 routes (moe_plans.
+# PACK_KERNEL_MAX_ROUTES), so this call times main's default; its step (3) is dropped (call 64's
+# e2e ran with the kernel). Prediction for m = 8..128 now: +6-10 us over session 32's rows.
 timeout 200 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b,glm-4.5-air,glm-5.2-tp4 --m 1,2,4,8,16,32,128 --out $RES/63_moe.json > $RES/63_moe.log 2>&1
 t "bench moe rc=$?"; grep -v -i warn $RES/63_moe.log | grep " us " | cut -c1-150; save
 timeout 120 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b,glm-4.5-air,glm-5.2-tp4 --m 1024,4096 --no-baseline --out $RES/63_moe_prefill.json > $RES/63_moe_prefill.log 2>&1
