@@ -4,7 +4,8 @@ arch, since CuTe DSL reads the arch once per process), which compiles the groupe
 kernels (single-slab and tiered) and the fused glue kernels (rotate_in, activation, combine) and
 embeds their cubins. Checked: the export
 succeeds, holds moe_gpu's one CuTe custom call (its 5 kernels; sorted plans add the route
-packing's call), and its cubins are for the requested SM only. The numerics are validated on the H200 by scripts/gpu_validate_moe.py."""
+packing's call), and its cubins are for the requested SM only. The numerics are validated on
+the H200 by scripts/gpu_validate_moe.py."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def test_moe_wgmma_plan_compiles_for_hopper(tmp_path):
         launches = len(row["tiers"] or [None])     # (and the route packing in one more)
         assert row["calls"] == 2, row
         assert row["kernels"] == ["_activation_kernel", "_combine_kernel", "_pack_routes_kernel",
-                                  "_rotate_in_kernel"] + ["_trellis_wgmma_kernel"] * (2 * launches), row
+                                  "_rotate_in_kernel"] \
+            + ["_trellis_wgmma_kernel"] * (2 * launches), row
 
 
 # The route-packing kernel (ffi/route_pack.py): one round per warp with ranks in registers,
