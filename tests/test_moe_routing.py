@@ -457,6 +457,10 @@ def emulate_moe_kernels(patch):
 
     patch(tm, "moe_layer", moe_layer)
     patch(tm, "grouped_partials", grouped_partials)
+    # The packing kernel (pack_for's default up to PACK_KERNEL_MAX_ROUTES): the counting sort
+    # computes the same tables (test_emulated_kernels checks the kernel against them).
+    from exl3_jax.ffi import route_pack
+    patch(route_pack, "pack_routes_gpu", pack_routes)
     patch(tg, "hadamard_in", hadamard_in)
     patch(tg, "hadamard_out", hadamard_out)
     return calls
@@ -578,11 +582,12 @@ def test_tier_glue_orders_the_tables_by_global_expert(rng):
 
 
 @needs_cutlass
-def test_per_route_plans_hand_the_kernels_the_ids(rng):
+def test_per_route_plans_hand_the_kernels_the_ids(rng, monkeypatch):
     """A per-route plan packs nothing: the kernels get the flat ids as their tables (and derive
     rows themselves); as_packed is the per-route packing they must reproduce. A sorted plan
-    hands over pack_routes' tables."""
+    hands over pack_routes' tables (XLA's here: the packing kernel needs a GPU)."""
     from exl3_jax.ffi import trellis_moe as tm
+    monkeypatch.setenv(tm.PACK_ENV, "xla")
     ids, _ = random_routing(rng, 2, 4, 64, 0.2)
     plan = moe_plan(2, 4, 64, 256, 128)
     assert plan.packing == "per_route"
