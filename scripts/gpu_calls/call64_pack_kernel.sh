@@ -9,7 +9,8 @@
 # layer -8 to -15 us at m = 8..1024; (4) b8 decode +3-6% (48 layers x ~10 us of ~8.2 ms), b1
 # unchanged (per-route packing), prefill +1%. If (1)-(3) hold and (2) wins: PACK_KERNEL = True.
 # Ran in session 34 (H200; steps 2-4 cut by their limits): the default became the kernel up to
-# 4096 routes (moe_plans.PACK_KERNEL_MAX_ROUTES), XLA above.
+# 4096 routes (moe_plans.PACK_KERNEL_MAX_ROUTES), XLA above. Since then call 63 times that
+# default and no longer reads the /tmp/pack_choice this call writes (kept: it is what ran).
 CALL=call64
 EXL3_JAX_MOE_PACK=kernel XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 110 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 scripts/gpu_validate_moe.py --memcheck > $RES/64_memcheck.log 2>&1
 t "memcheck rc=$?"; grep -E "memcheck run|ERROR SUMMARY" $RES/64_memcheck.log | head -10; save
