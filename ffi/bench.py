@@ -318,6 +318,18 @@ def routed_variants(ids, E: int, n: int = 8):
     return [(ids + j * (E // n)) % E for j in range(n)]
 
 
+def packing_us(ids, num_experts: int, plan, iters: int = 64) -> float:
+    """Microseconds of the layer's route packing alone (trellis_moe.pack_for, every table:
+    XLA would drop the ones a single output does not need); per-route plans have none (their
+    kernels read the ids), 0.0."""
+    from exl3_jax.ffi import trellis_moe as tm
+    if plan.packing == "per_route":
+        return 0.0
+    return 1e6 * time_in_loop(lambda i: jnp.concatenate(
+        [a.ravel() for a in jax.tree.leaves(tm.pack_for(i, num_experts, plan))]), (ids,),
+        iters=iters, reps=3)
+
+
 def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s=None,
               baseline: bool = True, unfused: bool = False, log=print,
               l2: str = "cold") -> list[dict]:
@@ -409,9 +421,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 row["loop_error"] = f"{type(e).__name__}: {e}"[:300]
             try:          # the route packing alone (every table: XLA drops unused ones);
                 # per-route plans have none (their kernels read the ids)
-                row["pack_us"] = 0.0 if plan.packing == "per_route" else 1e6 * time_in_loop(
-                    lambda i: jnp.concatenate([a.ravel() for a in jax.tree.leaves(
-                        tm.pack_for(i, E, plan))]), (ids,), iters=iters, reps=3)
+                row["pack_us"] = packing_us(ids, E, plan, iters)
             except Exception as e:   # noqa: BLE001
                 row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
             if dense is not None:

@@ -189,10 +189,7 @@ def profile_layer(log=print, budget_s: float = 45.0, ms=(1, 8)) -> dict:
                    fc1=vars(plan.fc1), fc2=vars(plan.fc2))
         try:
             row.update(
-                # every table of the packing (one concatenation more), not only route_row:
-                # XLA would drop the ops that route_row does not need
-                pack_us=T(lambda i: jnp.concatenate(
-                    [a.ravel() for a in jax.tree.leaves(tm.kernel_routes(i, E, plan))]), ids),
+                pack_us=round(gb.packing_us(ids, E, plan), 2),
                 fc1_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), w13, pr.block_expert,
                                                        cfg1), xh),
                 fc2_us=T(lambda a: tm.grouped_partials(tg.f16_words(a), down, pr.block_expert,

@@ -40,8 +40,8 @@ WGMMA_AUTO = True
 # kernel (ffi/route_pack.py, one CTA) instead of XLA's counting sort (moe_routing.pack_routes);
 # the tables are the same bit for bit. Call 64 (H200): packing 6-10 us against 12-16 from 64
 # to 1024 routes, 17 against 24 at 4096; the Qwen3-30B-A3B layer 8 us faster at m = 8 and 13
-# at m = 128. One CTA's time grows with the routes (~2.7 us per 1000), so past 4096 XLA's
-# (14-19 us on the H100 at 8192-32768 routes) is expected to win: not measured there yet.
+# at m = 128. One CTA's time grows with the routes, and past 4096 XLA's wins (call 66, H100:
+# 27 / 45 / 81 us against 15-21 at 8192 / 16384 / 32768 routes).
 # EXL3_JAX_MOE_PACK=kernel | xla forces either.
 PACK_KERNEL_MAX_ROUTES = 4096
 PACKINGS = ("sorted", "per_route")
