@@ -419,8 +419,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 row["loop_us"] = loop_overhead_us(m, H)
             except Exception as e:   # noqa: BLE001
                 row["loop_error"] = f"{type(e).__name__}: {e}"[:300]
-            try:          # the route packing alone (every table: XLA drops unused ones);
-                # per-route plans have none (their kernels read the ids)
+            try:          # the route packing alone
                 row["pack_us"] = packing_us(ids, E, plan, iters)
             except Exception as e:   # noqa: BLE001
                 row["pack_error"] = f"{type(e).__name__}: {e}"[:300]
