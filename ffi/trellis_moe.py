@@ -913,9 +913,10 @@ def pack_for(ids, num_experts: int, plan: MoePlan) -> PackedRoutes:
     if plan.packing == "per_route":
         return pack_routes_per_route(ids, num_experts, plan.block_m)
     T, top_k = jnp.shape(ids)
-    if pack_in_kernel(T * top_k):
+    routes = T * top_k
+    if pack_in_kernel(routes):
         from .route_pack import PackConfig, pack_routes_gpu
-        if PackConfig(routes=T * top_k, experts=num_experts, block_m=plan.block_m,
+        if PackConfig(routes=routes, experts=num_experts, block_m=plan.block_m,
                       blocks=plan.blocks, top_k=top_k).fits():
             return pack_routes_gpu(ids, num_experts, plan.block_m)
     return pack_routes(ids, num_experts, plan.block_m)
