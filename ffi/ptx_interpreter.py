@@ -501,8 +501,7 @@ class _Wgmma:
     group: int                   # commit sequence number it belongs to
     a_regs: frozenset
     acc_regs: frozenset
-    cta: np.ndarray              # batch-local CTA of each smem byte read
-    smem: np.ndarray             # smem byte offsets read
+    smem_flat: np.ndarray        # smem bytes read, as batch-local cta * stride + offset
 
 
 @dataclasses.dataclass
@@ -512,6 +511,9 @@ class _CpAsync:
     cta: np.ndarray
     dst: np.ndarray              # [n, 16] byte offsets
     data: np.ndarray             # [n, 16]
+
+
+_EXITED_PC = 2 ** 62      # an exited lane's pc: never the minimum while a lane still runs
 
 
 class _Batch:
@@ -548,6 +550,14 @@ class _Batch:
         self.reader = np.full((nc, max(self.smem_size, 1)), -1, np.int32)
         self.unfenced = np.zeros((nc, max(self.smem_size, 1)), np.int32)   # writer thread + 1
         self.pending_cp = np.zeros((nc, max(self.smem_size, 1)), np.int32)
+        # Flat views of the four (cheaper to gather from than with two index arrays).
+        self.smem_stride = self.writer.shape[1]
+        self.writer_f, self.reader_f = self.writer.reshape(-1), self.reader.reshape(-1)
+        self.unfenced_f, self.pending_cp_f = self.unfenced.reshape(-1), self.pending_cp.reshape(-1)
+        # A lane's batch index is cta * nt + thread, so its warpgroup is index // 128.
+        self.wg_pad = -L % 128
+        # Only wgmma reads fence_dirty: kernels without it skip the per-instruction bookkeeping.
+        self.track_fences = any(ins.parts[0] == "wgmma" for ins in entry.code)
         self.cp_records: list[_CpAsync] = []
         self.cp_commits = np.zeros(L, np.int64)
         self.wgmma_inflight: list[_Wgmma] = []
@@ -641,11 +651,10 @@ class _Batch:
         code = self.e.code
         steps = 0
         while True:
-            live = ~self.done
-            if not live.any():
+            cur = int(self.pc.min())
+            if cur == _EXITED_PC:
                 break
-            cur = self.pc[live].min()
-            active = live & (self.pc == cur)
+            active = self.pc == cur
             if cur >= len(code):
                 raise PtxError("fell off the end of the kernel")
             ins = code[cur]
@@ -655,7 +664,7 @@ class _Batch:
                 mask = active & (~g if ins.guard[1] else g)
             if self.wgmma_inflight and (ins.reads or ins.writes):
                 self.check_wgmma_hazards(ins, mask)
-            if ins.writes and ins.parts[0] not in ("wgmma", "mov"):
+            if self.track_fences and ins.writes and ins.parts[0] not in ("wgmma", "mov"):
                 # Register copies are exempt: LLVM materialises inline-asm operands as movs
                 # right before the asm (after the fence), and ptxas coalesces them (the first
                 # HGMMA of the wgmma kernel then reads RZ with scale-d off).
@@ -665,7 +674,7 @@ class _Batch:
                 raise PtxUnsupported(f"instruction {ins.op}: {ins.text}")
             jumped = handler(self, ins, mask, active)
             if not jumped:
-                self.pc[active] += 1
+                self.pc += active          # bool adds 0 / 1: cheaper than a masked +=
             steps += 1
             if steps > max_steps:
                 raise PtxError(f"no exit after {max_steps} instructions (a hang?)")
@@ -676,14 +685,20 @@ class _Batch:
 
     # -- hazard checks ---------------------------------------------------------------------
     def warpgroups(self, mask):
-        return np.unique((self.cta * self.nt + self.thread)[mask] // 128)
+        if self.wg_pad:
+            mask = np.concatenate([mask, np.zeros(self.wg_pad, bool)])
+        return np.flatnonzero(mask.reshape(-1, 128).any(axis=1))
 
     def check_wgmma_hazards(self, ins, mask):
         if ins.op.startswith("wgmma"):
             return
-        wgs = set(self.warpgroups(mask).tolist())
+        wgs = None
         for w in self.wgmma_inflight:
-            if not wgs & set(((self.cta * self.nt + self.thread)[w.lanes] // 128).tolist()):
+            if not (ins.writes & w.a_regs or (ins.reads | ins.writes) & w.acc_regs):
+                continue
+            if wgs is None:
+                wgs = set(self.warpgroups(mask).tolist())
+            if int(w.lanes[0]) // 128 not in wgs:      # w.lanes: one whole warpgroup
                 continue
             if ins.writes & w.a_regs:
                 raise PtxError(f"wgmma A register {sorted(ins.writes & w.a_regs)[0]} changed "
@@ -711,31 +726,29 @@ class _Batch:
     def note_smem(self, cta, idx, lanes, write: bool, ins, who="warp"):
         if not self.check_races:
             return
-        c = np.broadcast_to(cta[:, None], idx.shape)
-        warp = np.broadcast_to(self.warp[lanes][:, None], idx.shape)
-        pend = self.pending_cp[c, idx]
-        if pend.any():
+        flat = (cta[:, None] * self.smem_stride + idx).reshape(-1)    # lane-major, as idx
+        warp = np.repeat(self.warp[lanes], idx.shape[1])
+        if self.pending_cp_f.take(flat).any():
             raise PtxError(f"shared bytes accessed before their cp.async landed: {ins.text}")
-        wr = self.writer[c, idx]
+        wr = self.writer_f.take(flat)
         if ((wr >= 0) & (wr != warp)).any():
             kind = "write-after-write" if write else "read-after-write"
             raise PtxError(f"shared-memory race ({kind} between warps without a barrier): "
                            f"{ins.text}")
+        rd = self.reader_f.take(flat)
         if write:
-            rd = self.reader[c, idx]
             if ((rd == -2) | ((rd >= 0) & (rd != warp))).any():
                 raise PtxError("shared-memory race (write-after-read between warps without a "
                                f"barrier): {ins.text}")
-            self.writer[c, idx] = warp
-            self.unfenced[c, idx] = np.broadcast_to(self.thread[lanes][:, None] + 1, idx.shape)
+            self.writer_f[flat] = warp
+            self.unfenced_f[flat] = np.repeat(self.thread[lanes] + 1, idx.shape[1])
             for w in self.wgmma_inflight:
-                hit = np.isin(c * self.smem.shape[1] + idx, w.cta * self.smem.shape[1] + w.smem)
+                hit = np.isin(flat, w.smem_flat)
                 if hit.any():
                     raise PtxError(f"shared bytes overwritten while a wgmma reads them: "
                                    f"{ins.text}")
         else:
-            rd = self.reader[c, idx]
-            self.reader[c, idx] = np.where((rd == -1) | (rd == warp), warp, -2)
+            self.reader_f[flat] = np.where((rd == -1) | (rd == warp), warp, -2)
 
     def barrier(self, mask, active):
         ctas = np.unique(self.cta[active])
@@ -1268,13 +1281,14 @@ def _st(b, ins, mask, active):
 def _bra(b, ins, mask, active):
     target = b.e.labels[ins.args[0][1]]
     b.pc[mask] = target
-    b.pc[active & ~mask] += 1
+    b.pc += active & ~mask
     return True
 
 
 def _ret(b, ins, mask, active):
     b.done[mask] = True
-    b.pc[active & ~mask] += 1
+    b.pc[mask] = _EXITED_PC
+    b.pc += active & ~mask
     return True
 
 
@@ -1571,7 +1585,7 @@ def _wgmma(b, ins, mask, active):
                                        frozenset() if a_smem else
                                        frozenset(_operand_regs(ins.args[1])),
                                        frozenset(_operand_regs(ins.args[0])),
-                                       np.full(len(idx), cta), idx))
+                                       cta * b.smem_stride + idx))
 
 
 def _cp(b, ins, mask, active):

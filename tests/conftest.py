@@ -7,6 +7,11 @@ import secrets
 import numpy as np
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several workers on one GPU: JAX's default (75% of the GPU's memory per process) would
+    # leave the second worker none.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 
 @pytest.fixture
 def rng():

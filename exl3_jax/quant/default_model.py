@@ -150,11 +150,29 @@ def check_manifest(directory: Path) -> str | None:
     return None
 
 
+def build_lock(root: Path):
+    """The cache root's build lock: one process builds at a time, and a second one (another
+    terminal's first ``generate``, a pytest-xdist worker) waits, then finds the first one's
+    result instead of building the same directory over it."""
+    from filelock import FileLock
+
+    root.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(root / ".build.lock"))
+
+
 def source_model(root: Path | None = None, *, log: Callable[[str], None] = print) -> Path:
     """The unquantized HF-layout SmolLM2 (fp32, from the GGUF), imported on first use."""
+    root = cache_root() if root is None else root
+    if check_manifest(root / SOURCE_DIR) is None:
+        return root / SOURCE_DIR
+    with build_lock(root):
+        return _source_model(root, log)
+
+
+def _source_model(root: Path, log: Callable[[str], None]) -> Path:
+    """``source_model`` with the build lock held."""
     from .gguf_import import gguf_to_hf_directory
 
-    root = cache_root() if root is None else root
     out = root / SOURCE_DIR
     problem = check_manifest(out) if out.exists() else "not built yet"
     if problem is None:
@@ -179,17 +197,27 @@ def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: 
     unquantized import afterwards. ``bits``, ``mode`` and ``calibration`` build a variant of the
     recipe (for quality comparisons), cached under its own directory name.
     """
+    root = cache_root() if root is None else root
+    out = root / model_dir_name(bits, mode, calibration)
+    if check_manifest(out) is None:
+        return out
+    text = calibration_text(calibration)       # read (and the set name checked) before any work
+    with build_lock(root):
+        problem = check_manifest(out) if out.exists() else "not built yet"
+        if problem is None:          # another process built it while this one waited
+            return out
+        log(f"building the default model {out} ({problem}); this runs once ...")
+        _build_default_model(root, out, text, bits, mode, progress, log, keep_source)
+    return out
+
+
+def _build_default_model(root: Path, out: Path, text: str, bits: float, mode: str, progress,
+                         log: Callable[[str], None], keep_source: bool) -> None:
+    """``ensure_default_model``'s build, with the build lock held."""
     from .calibrate import load_calibration
     from .convert import convert_hf
 
-    root = cache_root() if root is None else root
-    out = root / model_dir_name(bits, mode, calibration)
-    problem = check_manifest(out) if out.exists() else "not built yet"
-    if problem is None:
-        return out
-    text = calibration_text(calibration)       # read (and the set name checked) before any work
-    log(f"building the default model {out} ({problem}); this runs once ...")
-    source = source_model(root, log=log)
+    source = _source_model(root, log)
     hessians = load_calibration(source, text, seq_len=CALIBRATION_SEQ_LEN)
     convert_hf(source, out, bits=bits, head_bits=HEAD_BITS, codebook=CODEBOOK, mode=mode,
                hessians=hessians, hessian_scales=HESSIAN_SCALES, progress=progress,
@@ -197,4 +225,3 @@ def ensure_default_model(root: Path | None = None, *, bits: float = BITS, mode: 
     write_manifest(out)
     if not keep_source:
         shutil.rmtree(root / SOURCE_DIR, ignore_errors=True)
-    return out
