@@ -10,13 +10,21 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 HAVE_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl not installed")
 
 EXPECTED_SM = {"sm_90a": 90, "sm_120a": 120}
+
+
+def emulated_env(arch: str = "sm_90a") -> dict:
+    """The environment of a child process whose CuTe custom calls run on the CPU through the
+    PTX interpreter (EXL3_JAX_EMULATE=1, ffi/emulate.py) for ``arch``."""
+    return dict(os.environ, EXL3_JAX_EMULATE="1", CUTE_DSL_ARCH=arch, JAX_PLATFORMS="cpu")
 
 
 def _child(argv, arch: str, timeout: int, env: dict | None = None
