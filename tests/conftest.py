@@ -34,7 +34,8 @@ def default_model():
 def pytest_collection_modifyitems(config, items):
     """Modules marked ``long`` go first (a stable sort: the order within each module and among
     the rest is kept), so xdist's per-file scheduling starts them early and the two CI workers
-    finish together rather than one running a long module alone at the end. Tests marked
+    finish together rather than one running a long module alone at the end (with
+    ``--no-loadscope-reorder``: xdist's default order is by test count). Tests marked
     ``slow`` run only with EXL3_JAX_SLOW=1, so CI on 2 cores stays short."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if os.environ.get("EXL3_JAX_SLOW"):
