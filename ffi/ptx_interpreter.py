@@ -32,6 +32,7 @@ math. Only the PTX forms the kernels use are implemented; anything else raises
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections import defaultdict
 
@@ -82,6 +83,11 @@ class Entry:
     static_shared: dict           # symbol -> (offset, bytes)
     shared_bytes: int
     dynamic_shared: str | None
+
+    @functools.cached_property
+    def has_wgmma(self) -> bool:
+        """Whether the kernel issues wgmma (only then is wgmma.fence bookkeeping needed)."""
+        return any(ins.parts[0] == "wgmma" for ins in self.code)
 
 
 def _strip_comments(text: str) -> str:
@@ -556,15 +562,12 @@ class _Batch:
         self.unfenced_f, self.pending_cp_f = self.unfenced.reshape(-1), self.pending_cp.reshape(-1)
         # A lane's batch index is cta * nt + thread, so its warpgroup is index // 128.
         self.wg_pad = -L % 128
-        # Only wgmma reads fence_dirty: kernels without it skip the per-instruction bookkeeping.
-        self.track_fences = any(ins.parts[0] == "wgmma" for ins in entry.code)
         self.cp_records: list[_CpAsync] = []
         self.cp_commits = np.zeros(L, np.int64)
         self.wgmma_inflight: list[_Wgmma] = []
         self.wgmma_open: dict[int, int] = defaultdict(int)     # warpgroup -> open group seq
         self.fence_dirty: dict[int, set] = defaultdict(set)    # warpgroup -> regs written
-        self.pc = np.zeros(L, np.int64)
-        self.done = np.zeros(L, bool)
+        self.pc = np.zeros(L, np.int64)               # _EXITED_PC once a lane has exited
         self.waited = np.zeros(L, bool)            # passed griddepcontrol.wait
 
     # -- registers -------------------------------------------------------------------------
@@ -664,7 +667,7 @@ class _Batch:
                 mask = active & (~g if ins.guard[1] else g)
             if self.wgmma_inflight and (ins.reads or ins.writes):
                 self.check_wgmma_hazards(ins, mask)
-            if self.track_fences and ins.writes and ins.parts[0] not in ("wgmma", "mov"):
+            if self.e.has_wgmma and ins.writes and ins.parts[0] not in ("wgmma", "mov"):
                 # Register copies are exempt: LLVM materialises inline-asm operands as movs
                 # right before the asm (after the fence), and ptxas coalesces them (the first
                 # HGMMA of the wgmma kernel then reads RZ with scale-d off).
@@ -753,7 +756,7 @@ class _Batch:
     def barrier(self, mask, active):
         ctas = np.unique(self.cta[active])
         for c in ctas:
-            need = (self.cta == c) & ~self.done
+            need = (self.cta == c) & (self.pc != _EXITED_PC)
             if (need & ~active).any():
                 raise PtxError("bar.sync reached by part of a CTA (divergent barrier)")
             self.writer[c] = -1
@@ -1286,7 +1289,6 @@ def _bra(b, ins, mask, active):
 
 
 def _ret(b, ins, mask, active):
-    b.done[mask] = True
     b.pc[mask] = _EXITED_PC
     b.pc += active & ~mask
     return True
@@ -1473,23 +1475,22 @@ def _wgmma_offsets(desc: int, n: int) -> np.ndarray:
 
 def _wgmma(b, ins, mask, active):
     kind = ins.parts[1]
-    wg_of = (b.cta * b.nt + b.thread) // 128
     if kind == "fence":
-        for wg in np.unique(wg_of[mask]).tolist():
+        for wg in b.warpgroups(mask).tolist():
             b.fence_dirty[wg] = set()
         return
     if kind == "commit_group":
         b.full_warps(mask, "wgmma.commit_group")
-        for wg in np.unique(wg_of[mask]).tolist():
+        for wg in b.warpgroups(mask).tolist():
             b.wgmma_open[wg] += 1
         return
     if kind == "wait_group":
         b.full_warps(mask, "wgmma.wait_group")
         keep = ins.args[0][1]
-        wgs = set(np.unique(wg_of[mask]).tolist())
+        wgs = set(b.warpgroups(mask).tolist())
         still = []
         for w in b.wgmma_inflight:
-            wg = int(wg_of[w.lanes[0]])
+            wg = int(w.lanes[0]) // 128             # w.lanes: one whole warpgroup
             if wg in wgs and w.group < b.wgmma_open[wg] - keep:
                 continue
             still.append(w)
@@ -1508,6 +1509,7 @@ def _wgmma(b, ins, mask, active):
     if [a[1] for a in ins.args[4:]] != ([1, 1, 0, 0] if a_smem else [1, 1, 0]):
         raise PtxUnsupported(f"wgmma scale/transpose immediates: {ins.text}")
     warps = b.full_warps(mask, "wgmma.mma_async")
+    wg_of = np.arange(b.L) // 128                  # a lane's batch index is cta * nt + thread
     groups = np.unique(wg_of[warps * 32])
     for wg in groups.tolist():
         lanes = np.nonzero(wg_of == wg)[0]
