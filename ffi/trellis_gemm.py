@@ -668,11 +668,17 @@ def dequantize_f16(weight: Exl3Weight, *, rotate: bool, scale=None, out_init=Non
         cfg.k, cfg.n)
 
 
+def prefill_operand(x2):
+    """(fp16(x / s) [m, k], s float32 [1]): the prefill plan's activation operand and its
+    batch scale (prefill_scale), from x2 float [m, k]."""
+    s = prefill_scale(x2)
+    return (jnp.asarray(x2, jnp.float32) / s).astype(jnp.float16), s
+
+
 def prefill_matmul(x2, weight: Exl3Weight):
     """The prefill plan: y = fp16(x / s) @ (W * s) + bias, float32 [m, n] (x2: float [m, k]).
     One dequantize launch and one XLA dot; no transform kernels."""
-    s = prefill_scale(x2)
-    x16 = (jnp.asarray(x2, jnp.float32) / s).astype(jnp.float16)
+    x16, s = prefill_operand(x2)
     w = dequantize_f16(weight, rotate=True, scale=s)
     y = lax.dot_general(x16, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
     return y if weight.bias is None else y + jnp.asarray(weight.bias, jnp.float32)

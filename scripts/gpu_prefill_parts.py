@@ -10,12 +10,13 @@ the L2), every part's input derived from the loop's x so nothing is hoisted out 
   op            trellis_matmul_gpu, float32 out (what `bench linear` times)
   op_bf16       the same cast to bf16 (what a bf16 model's Exl3Linear returns)
   bf16 / bf16_f32   XLA's bf16 dot, bf16 out / float32 out (the baseline and its f32 twin)
-  folded plan:  x_prep (prefill_scale, x / s to fp16), dequant (the folding dequantize kernel),
-                dot16_f32 / dot16_bf16 / dot16_f16 (fp16 x fp16 with that preferred type, the
-                weight dequantized outside the loop)
+  folded plan:  x_prep (trellis_gemm.prefill_operand: the batch scale, x / s to fp16),
+                dequant (the folding dequantize kernel), dot16_f32 / dot16_bf16 / dot16_f16
+                (fp16 x fp16 with that preferred type, the weight dequantized outside the loop)
   transforms:   had_in (hadamard_in), dequant (W_hat), dot16_f32, had_out (hadamard_out)
 
-One JSON line per row, all rows and the dots' compiled custom calls in --out.
+One JSON line per row, all rows and the dots' compiled custom calls in --out. (Replaces
+scripts/gpu_tune.py's prefill rows: forced plan, one weight copy, the folded form only.)
 """
 
 from __future__ import annotations
@@ -71,11 +72,9 @@ def parts(k: int, n: int, m: int, K, codebook: str):
     if plan.kind != "prefill":
         return plan, out
     if plan.fold_rotations:
-        s = tg.prefill_scale(x)
+        x16, s = tg.prefill_operand(x)
         w16 = tg.dequantize_f16(w, rotate=True, scale=s)
-        x16 = (x.astype(jnp.float32) / s).astype(jnp.float16)
-        out["x_prep"] = (lambda x: (x.astype(jnp.float32) / tg.prefill_scale(x)).astype(
-            jnp.float16), (x,), 1)
+        out["x_prep"] = (lambda x: tg.prefill_operand(x)[0], (x,), 1)
         out["dequant"] = (lambda x, w: tg.dequantize_f16(w, rotate=True, scale=s + _dep(x)),
                           (x, w), cw)
     else:
@@ -88,10 +87,9 @@ def parts(k: int, n: int, m: int, K, codebook: str):
                           (x, w), cw)
         out["had_out"] = (lambda p, svh, sc: tg.hadamard_out(
             p.reshape(-1), svh, None, sc, m=m, m_pad=m, splits=1, n=n), (part, w.svh, scale), 1)
-    w16c = gb.cold_copies(2 * k * n)
     for name, dtype in (("dot16_f32", jnp.float32), ("dot16_bf16", jnp.bfloat16),
                         ("dot16_f16", jnp.float16)):
-        out[name] = ((lambda d: lambda x16, w16: _dot(x16, w16, d))(dtype), (x16, w16), w16c)
+        out[name] = ((lambda d: lambda x16, w16: _dot(x16, w16, d))(dtype), (x16, w16), cb)
     return plan, out
 
 

@@ -13,8 +13,8 @@
 
 Per shape / codebook / m: the full op (Hadamard kernels + decode kernel), the same with jnp
 transforms, the decode kernel alone for variants of its plan (unroll, n_tiles, warps, splits),
-the transform kernels alone; for prefill sizes the dequantize kernel and the XLA dot alone.
-All timed in a jitted loop (exl3_jax.ffi.bench.time_in_loop).
+the transform kernels alone. All timed in a jitted loop (exl3_jax.ffi.bench.time_in_loop). The
+prefill plan's parts: scripts/gpu_prefill_parts.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -73,29 +72,6 @@ def decode_rows(k, n, cb, K, m, deadline):
         if per(p) < 1 or per(p) % p.unroll or (k // 16) % p.splits:
             continue
         row["kernel"][name] = us(lambda xw, w: tg.mma_partials_words(xw, w, p), (xw, w), m, k, n)
-    return row
-
-
-def prefill_rows(k, n, cb, K, m):
-    """The prefill plan's parts timed alone: the batch scale and fp16 operand, the dequantize
-    kernel (the layer's weight, rotations folded in), the fp16 dot, against a bf16 dot."""
-    w = gb.random_weight(k, n, K, cb)
-    plan = select_plan(m, k, n, force="prefill")
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), jnp.bfloat16)
-    xh = x.astype(jnp.float16)
-    wf = tg.dequantize_f16(w, rotate=True)
-    wb = wf.astype(jnp.bfloat16)
-    row = {"k": k, "n": n, "codebook": cb, "K": K, "m": m, "plan": dataclasses.asdict(plan)}
-    row["full_cute"] = us(lambda x, w: tg.trellis_matmul_gpu(x, w, plan=plan), (x, w), m, k, n)
-    row["operand"] = us(lambda x: (x.astype(jnp.float32) / tg.prefill_scale(x)).astype(
-        jnp.float16), (x,), m, k, n)
-    row["dot_f16_f32"] = us(lambda a, b: jax.lax.dot_general(
-        a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32), (xh, wf), m, k, n)
-    row["dot_bf16"] = us(lambda a, b: jnp.dot(a, b), (x, wb), m, k, n)
-    row["dequant"] = us(
-        lambda t, w: tg.dequantize_f16(type(w)(t, w.suh, w.svh, w.bias, w.codebook, w.K,
-                                               w.in_features, w.out_features), rotate=True),
-        (w.trellis, w), 1, k, n)
     return row
 
 
@@ -177,7 +153,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     t0 = time.time()
     deadline = t0 + a.budget_s
-    result = {"versions": gb.versions(), "decode": [], "prefill": [], "sweep": []}
+    result = {"versions": gb.versions(), "decode": [], "sweep": []}
 
     def save():
         if a.out:
@@ -232,13 +208,6 @@ def main(argv=None) -> int:
                 result["decode"].append(r)
                 print(json.dumps(r), flush=True)
                 save()
-    for m in (128, 1024, 4096):
-        if time.time() > deadline + 60:
-            break
-        r = prefill_rows(4096, 14336, "mcg", 3, m)
-        result["prefill"].append(r)
-        print(json.dumps(r), flush=True)
-        save()
     result["seconds"] = time.time() - t0
     save()
     return 0
