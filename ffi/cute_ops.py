@@ -442,11 +442,34 @@ def load_shared_words_v2(words, index, offset: int = 0):
     return _ld_shared(words.iterator.toint() + Int32(index) * 4 + 4 * offset, 2)
 
 
+# The element kinds of the 16-byte global accesses below: (PTX type, register constraint, LLVM).
+_V4_KINDS = {Uint32: ("u32", "r", T.i32), Float32: ("f32", "f", T.f32)}
+
+
 @dsl_user_op
-def _st_global_v4(addr, values, *, loc=None, ip=None) -> None:
+def ld_global_v4(addr, kind=Uint32, *, loc=None, ip=None) -> list:
+    """The 4 elements (Uint32 or Float32) at the 16-byte aligned global address ``addr``
+    (Int64): one ld.global.v4 (LDG.E.128). A coherent load (not .nc, which reads data assumed
+    constant: callers read what an earlier launch wrote, or order it with a barrier); side
+    effects, so that LLVM keeps these loads in program order with barriers."""
+    ptx, reg, ty = _V4_KINDS[kind]
+    res = llvm.inline_asm(llvm.StructType.get_literal([ty()] * 4),
+                          [Int64(addr).ir_value(loc=loc, ip=ip)],
+                          f"ld.global.v4.{ptx} {{$0, $1, $2, $3}}, [$4];",
+                          f"={reg},={reg},={reg},={reg},l", has_side_effects=True,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [kind(llvm.extractvalue(ty(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def st_global_v4(addr, values, kind=Uint32, *, loc=None, ip=None) -> None:
+    """The 4 ``values`` (Uint32 or Float32) to the 16-byte aligned global address ``addr``
+    (Int64): one st.global.v4 (STG.E.128)."""
+    ptx, reg, _ = _V4_KINDS[kind]
     llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)]
-                    + [Uint32(v).ir_value(loc=loc, ip=ip) for v in values],
-                    "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}",
+                    + [kind(v).ir_value(loc=loc, ip=ip) for v in values],
+                    f"st.global.v4.{ptx} [$0], {{$1, $2, $3, $4}};",
+                    f"l,{reg},{reg},{reg},{reg},~{{memory}}",
                     has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
@@ -454,7 +477,7 @@ def _st_global_v4(addr, values, *, loc=None, ip=None) -> None:
 def store_words_v4(words, index, values):
     """words[index .. index + 3] = values (4 Uint32) of a global uint32 tensor as one 16-byte
     store (STG.E.128; index a multiple of 4)."""
-    _st_global_v4(words.iterator.toint() + Int64(index) * 4, values)
+    st_global_v4(words.iterator.toint() + Int64(index) * 4, values)
 
 
 @dsl_user_op

@@ -47,7 +47,8 @@ from cutlass import BFloat16, Float16, Float32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, warp_task
+from .cute_ops import (block_row_col, cta_thread_ids, hadamard128_lane, ld_global_v4,
+                       st_global_v4, warp_task)
 from .trellis_gemm import ROW_LIMIT_LOG2
 from .trellis_geometry import (b_fragment_slot, b_fragment_word, pair_fragment_slot,
                                pair_fragment_word, quad_fragment_index, token_fragment_word)
@@ -292,20 +293,6 @@ def _block_inputs(x, suhs, src, blk, lane, cfg):
 
 
 @dsl_user_op
-def _load_words(addr, *, loc=None, ip=None) -> list:
-    """The 4 words (Uint32) at the 16-byte aligned global address ``addr`` (Int64): one
-    ld.global.v4 (LDG.E.128). A coherent load (not .nc, which reads data assumed constant), so
-    that a later barrier (``_barrier_zero``) orders it; side effects, so that LLVM keeps these
-    loads and the barrier in program order."""
-    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4),
-                          [Int64(addr).ir_value(loc=loc, ip=ip)],
-                          "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-                          has_side_effects=True, is_align_stack=False,
-                          asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
-
-
-@dsl_user_op
 def _barrier_zero(*, loc=None, ip=None) -> Uint32:
     """0, as the thread count of a CTA barrier (bar.red.popc of false). The row max ORs it into
     every loaded word: ptxas moves neither a memory load below a barrier nor a use of the
@@ -316,6 +303,21 @@ def _barrier_zero(*, loc=None, ip=None) -> Uint32:
                           "    bar.red.popc.u32 $0, 0, f;\n}", "=r", has_side_effects=True,
                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
     return Uint32(res)
+
+
+@dsl_user_op
+def _load_f16x4(addr, *, loc=None, ip=None) -> list:
+    """fp32 of the 4 fp16 at the 8-byte aligned global address ``addr`` (Int64): one 8-byte
+    read-only load (a layer's svh / bias table) and 4 exact conversions."""
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * 4),
+                          [Int64(addr).ir_value(loc=loc, ip=ip)],
+                          "{\n.reg .b16 h0, h1, h2, h3;\n"
+                          "    ld.global.nc.v4.b16 {h0, h1, h2, h3}, [$4];\n"
+                          "    cvt.f32.f16 $0, h0;\n    cvt.f32.f16 $1, h1;\n"
+                          "    cvt.f32.f16 $2, h2;\n    cvt.f32.f16 $3, h3;\n}",
+                          "=f,=f,=f,=f,l", has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 _UNPACK_ASM = {                  # (word | zero) -> fp32 of its elements (exact), element order
@@ -409,9 +411,9 @@ def _hadamard_in_kernel(x: cute.Tensor, suh0: cute.Tensor, suh1: cute.Tensor, su
                      else cutlass.min(tid + j * THREADS, row_steps - 1)
                      for j in range(j0, min(j0 + batch, cfg.max_steps))]
             x_batch = [[w for h in range(x_bytes // 2)
-                        for w in _load_words(x_row + Int64(u) * (STEP * x_bytes) + 16 * h)]
+                        for w in ld_global_v4(x_row + Int64(u) * (STEP * x_bytes) + 16 * h)]
                        for u in steps]
-            suh_batch = [[_load_words(a + Int64(u) * (2 * STEP)) for u in steps]
+            suh_batch = [[ld_global_v4(a + Int64(u) * (2 * STEP)) for u in steps]
                          for a in suh_at]
             zero = _barrier_zero()
             for j in cutlass.range_constexpr(len(steps)):
@@ -449,32 +451,39 @@ def _hadamard_out_kernel(part: cute.Tensor, svh0: cute.Tensor, svh1: cute.Tensor
         # svh and bias of the member owning these columns: each member's value at a clamped
         # (in-bounds) index, the owner's kept by select (no block straddles two members).
         # They are the layer's own tables, so they load before the wait for the partials (a
-        # programmatic dependent launch behind the GEMM: trellis_linear; else a no-op).
+        # programmatic dependent launch behind the GEMM: trellis_linear; else a no-op). A
+        # lane's 4 columns are contiguous and 16-byte aligned (width and members are whole
+        # 128-blocks): one 8-byte load per table, one 16-byte load per partial, one 16-byte
+        # store (4 scalar accesses each made the prefill-size transform LSU-bound).
         n0 = cfg.out_members[0]
         gcol = cutlass.min(col, n0 - 4)
-        sv = [Float32(svhs[0][gcol + e]) for e in range(4)]
+        sv = _load_f16x4(svhs[0].iterator.toint() + Int64(gcol) * 2)
         bv = [Float32(0.0)] * 4
         if cutlass.const_expr(cfg.has_bias(0)):
-            bv = [Float32(biases[0][gcol + e]) for e in range(4)]
+            bv = _load_f16x4(biases[0].iterator.toint() + Int64(gcol) * 2)
         for g in cutlass.range_constexpr(1, len(cfg.out_members)):
             own = col >= cfg.member_starts[g]
             gcol = cutlass.min(cutlass.max(col - cfg.member_starts[g], 0),
                                cfg.out_members[g] - 4)
-            sv = [cutlass.select_(own, Float32(svhs[g][gcol + e]), sv[e]) for e in range(4)]
+            svg = _load_f16x4(svhs[g].iterator.toint() + Int64(gcol) * 2)
+            sv = [cutlass.select_(own, svg[e], sv[e]) for e in range(4)]
             if cutlass.const_expr(cfg.has_bias(g)):
-                bv = [cutlass.select_(own, Float32(biases[g][gcol + e]), bv[e])
-                      for e in range(4)]
+                bg = _load_f16x4(biases[g].iterator.toint() + Int64(gcol) * 2)
+                bv = [cutlass.select_(own, bg[e], bv[e]) for e in range(4)]
             else:
                 bv = [cutlass.select_(own, Float32(0.0), bv[e]) for e in range(4)]
         cute.arch.griddepcontrol_wait()
-        v = [part[row * cfg.width + col + e] for e in range(4)]
+        part_at = part.iterator.toint()
+        parts = [ld_global_v4(part_at + Int64((s * cfg.part_rows + row) * cfg.width + col) * 4,
+                               Float32)
+                 for s in range(cfg.splits)]        # every split's load before the first add
+        v = parts[0]
         for s in cutlass.range_constexpr(1, cfg.splits):
-            base = (s * cfg.part_rows + row) * cfg.width + col
-            v = [v[e] + part[base + e] for e in range(4)]
+            v = [v[e] + parts[s][e] for e in range(4)]
         v = hadamard128_lane(v, lane)
         rs = scale[row]
-        for e in cutlass.range_constexpr(4):
-            y[row * cfg.width + col + e] = v[e] * Float32(SCALE) * sv[e] * rs + bv[e]
+        st_global_v4(y.iterator.toint() + Int64(row * cfg.width + col) * 4,
+                     [v[e] * Float32(SCALE) * sv[e] * rs + bv[e] for e in range(4)], Float32)
 
 
 @cute.jit

@@ -1,3 +1,5 @@
+# Ran in session 38 (an H100): the patch was kept and is in main's ffi/hadamard.py (so the
+# patch file is gone and this script is a record, not a rerunnable step).
 # Call 71 (~5 min, an H100 / H200; queued in session 37, whose device time ran out in refused
 # starts): the output transform with 16-byte loads and stores (scripts/gpu_calls/
 # had_out_16byte.patch: one LDG.128 per partial, one 8-byte load per svh / bias table, one
