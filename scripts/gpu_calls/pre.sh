@@ -45,7 +45,10 @@ _tree_enter() {
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import jax, cutlass; print('jax', jax.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -1
-git log -1 --format='tree %h %s' 2>/dev/null | cut -c1-100
+# The device's .git can lag this session's commits (it named 0c08a74 through session 38), so
+# the line that identifies the code is a digest of the tracked Python files as they arrived;
+# `scripts/gpu_calls/tree_digest.sh` prints the same digest here.
+echo "code $(bash scripts/gpu_calls/tree_digest.sh) (git's line, may lag: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60))"
 t start
 # `ncu_kernel TAG REGEX ARGS...`: Nsight Compute of one launch of the kernels matching REGEX in
 # `scripts/gpu_probe_linear.py run ARGS` (its second call: the first compiles): source counters
