@@ -29,9 +29,6 @@ previous call (`--l2 cold`: cycled weight copies, for the MoE routes to differen
 model's distinct layers do; before, a weight that fit the 50 MB L2 (4096x14336 K4: 29 MB; the
 MoE's touched experts at small m) was served from it call after call, while the bf16 baseline,
 4x larger, mostly was not.
-Clock (session 38): the large dots run at the card's power cap, where a row's time follows its
-clock, so each row also records the median SM clock and power over its timed repetitions
-(ClockSampler, from nvidia-smi; absent where there is none).
 """
 
 from __future__ import annotations
@@ -41,11 +38,8 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
 import jax
@@ -134,7 +128,7 @@ def timing_loop(op, trips: int, unroll: int, copies: int):
 
 
 def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
-                 copies: int = 1, variants=None, spans: list | None = None) -> float:
+                 copies: int = 1, variants=None) -> float:
     """Seconds per op call: median of ``reps`` timings of a jitted loop of ``iters`` calls,
     ``unroll`` calls per loop trip (an XLA while-loop trip costs several microseconds on the
     GPU, so unrolling keeps that out of the per-call time). ``op(x, *rest)`` returns an array;
@@ -142,8 +136,7 @@ def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
     the call j of a trip reads copy j % copies of ``rest`` (distinct device buffers), so a
     weight that fits the L2 is not served from it call after call (cold_copies); or
     ``variants``: the rest-argument tuples themselves (e.g. the MoE's routes to different
-    experts), call j taking variant j % len(variants). ``spans``: if given, the wall-clock
-    (start, end) of the timed repetitions is appended to it (ClockSampler.window)."""
+    experts), call j taking variant j % len(variants)."""
     rests = variants or [args[1:]] + [
         jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), args[1:])
         for _ in range(copies - 1)]
@@ -154,86 +147,11 @@ def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
     loop = timing_loop(op, iters // unroll, unroll, copies)
     jax.block_until_ready(loop(args[0], rests))          # compile + warm up
     times = []
-    wall0 = time.time()
     for _ in range(reps):
         t0 = time.perf_counter()
         jax.block_until_ready(loop(args[0], rests))
         times.append(time.perf_counter() - t0)
-    if spans is not None:
-        spans.append((wall0, time.time()))
     return statistics.median(times) / iters
-
-
-class ClockSampler:
-    """The card's SM clock, power and clock-event reasons, sampled by ``nvidia-smi -lms`` in a
-    background process while the benchmark runs; ``window(spans)`` summarises the samples taken
-    inside those (start, end) wall-clock spans (time_in_loop's timed repetitions).
-
-    Why: the large dots run at the power cap (session 38: every sample's reason was 0x4, the
-    software power cap), where the clock, and so a row's time, moves with the operands' bits and
-    with what ran just before; a row's clock says which regime it was timed in. Without
-    nvidia-smi (the CPU, emulation) there are no samples and ``window`` returns {}."""
-
-    FIELDS = ("clocks.sm", "power.draw", "clocks_event_reasons.active")
-    POWER_CAP_BIT = 0x4           # clocks_event_reasons: software power cap
-
-    def __init__(self, interval_ms: int = 50, command: str = "nvidia-smi"):
-        self.samples: list[tuple[float, list[str]]] = []
-        self.proc = None
-        exe = shutil.which(command)
-        if exe is None:
-            return
-        self.proc = subprocess.Popen(
-            [exe, "--query-gpu=" + ",".join(self.FIELDS), "--format=csv,noheader,nounits",
-             f"-lms={interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, bufsize=1)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.samples.append((time.time(), [v.strip() for v in line.split(",")]))
-
-    def window(self, spans) -> dict:
-        """{"sm_mhz", "power_w": medians, "power_capped": fraction of samples with the power-cap
-        reason, "samples": count} over the samples inside ``spans``; {} without samples."""
-        got = [f for t, f in list(self.samples) if any(a <= t <= b for a, b in spans)]
-        got = [f for f in got if len(f) == len(self.FIELDS) and _is_number(f[0])
-               and _is_number(f[1])]
-        if not got:
-            return {}
-        capped = [int(f[2], 16) & self.POWER_CAP_BIT != 0 for f in got if _is_hex(f[2])]
-        return {"sm_mhz": statistics.median(float(f[0]) for f in got),
-                "power_w": round(statistics.median(float(f[1]) for f in got), 1),
-                "power_capped": round(sum(capped) / len(capped), 2) if capped else None,
-                "samples": len(got)}
-
-    def close(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait()
-            self.proc = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def _is_number(v: str) -> bool:
-    try:
-        float(v)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_hex(v: str) -> bool:
-    try:
-        int(v, 16)
-    except ValueError:
-        return False
-    return True
 
 
 def loop_overhead_us(m: int, k: int) -> float:
@@ -248,8 +166,7 @@ def iters_for(m: int, k: int, n: int) -> int:
 
 
 def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print,
-          groups=None, done=(), on_row=None, l2: str = "cold",
-          sampler: ClockSampler | None = None) -> list[dict]:
+          groups=None, done=(), on_row=None, l2: str = "cold") -> list[dict]:
     """Rows of the Trellis GEMM vs bf16 for every (shape, K, codebook, m).
 
     groups: optional set of (k, n, K, codebook) to run (default all); done: (k, n, K, codebook,
@@ -258,9 +175,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
     (both sides cycle through cold_copies of their weights, so neither is served from the L2
     call after call: a model's layers are distinct) or "warm" (one copy: a weight that fits
     the L2, e.g. 4096x14336 K4's 29 MB, stays there across the loop; the method before
-    session 24). sampler: a ClockSampler whose SM clock and power over each side's timed
-    repetitions go into the row (sm_mhz, power_w, power_capped, clock_samples and the same
-    with a bf16_ prefix; absent without samples)."""
+    session 24)."""
     check_l2(l2)
     from exl3_jax.ffi import trellis_gemm as tg
 
@@ -271,20 +186,18 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
         if not todo:
             continue
         wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02, jnp.bfloat16)
-        bf16_us, overhead_us, bf16_clock = {}, {}, {}
+        bf16_us, overhead_us = {}, {}
         for m in sorted({m for _, _, m in todo}):
             if deadline and time.time() > deadline:
                 log("bench: deadline reached, stopping")
                 return rows
             x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)), jnp.bfloat16)
-            spans = []
             bf16_us[m] = 1e6 * time_in_loop(lambda x, w: jnp.dot(x, w), (x, wb),
                                             iters=iters_for(m, k, n),
-                                            copies=weight_copies(2 * k * n, l2), spans=spans)
-            bf16_clock[m] = _clock_fields(sampler, spans, "bf16_")
+                                            copies=weight_copies(2 * k * n, l2))
             overhead_us[m] = loop_overhead_us(m, k)
             log(f"{k:>6}x{n:<6} m={m:<5} bf16 {bf16_us[m]:9.1f} us  loop overhead "
-                f"{overhead_us[m]:6.1f} us{_clock_text(bf16_clock[m], 'bf16_')}")
+                f"{overhead_us[m]:6.1f} us")
         for K in Ks:
             for cb in codebooks:
                 if not any((K, cb, m) in todo for m in ms):
@@ -302,11 +215,9 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                     plan = tg.plan_for(m, w)
                     copies = weight_copies(w.nbytes, l2)
                     t_row = time.time()
-                    spans = []
                     try:
                         us = 1e6 * time_in_loop(lambda x, w: tg.trellis_matmul_gpu(x, w),
-                                                (x, w), iters=iters_for(m, k, n), copies=copies,
-                                                spans=spans)
+                                                (x, w), iters=iters_for(m, k, n), copies=copies)
                         err = None
                     except Exception as e:   # noqa: BLE001 -- record and continue
                         us, err = float("nan"), f"{type(e).__name__}: {e}"[:500]
@@ -317,8 +228,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                                gbps=w.nbytes / us / 1e3, trellis_bytes=tbytes,
                                floor_us=floor_us, floor_fraction=floor_us / us, error=err,
                                l2=l2, weight_copies=copies,
-                               wall_s=round(time.time() - t_row, 2),
-                               **_clock_fields(sampler, spans), **bf16_clock[m])
+                               wall_s=round(time.time() - t_row, 2))
                     rows.append(row)
                     if on_row:
                         on_row(row)
@@ -326,24 +236,8 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                         f"{us:9.1f} us  bf16 {bf16_us[m]:9.1f} us  x{bf16_us[m] / us:5.2f}  "
                         f"{row['gbps']:7.0f} GB/s  floor {floor_us:7.1f} us "
                         f"({row['floor_fraction']:.2f})  [{row['wall_s']:.1f} s]"
-                        + _clock_text(row) + (f"  ERR {err}" if err else ""))
+                        + (f"  ERR {err}" if err else ""))
     return rows
-
-
-def _clock_fields(sampler: ClockSampler | None, spans, prefix: str = "") -> dict:
-    """A bench row's clock fields (``prefix`` + sm_mhz, power_w, power_capped, clock_samples)
-    from the sampler's window over ``spans``; {} without a sampler or samples."""
-    got = sampler.window(spans) if sampler is not None else {}
-    if not got:
-        return {}
-    got["clock_samples"] = got.pop("samples")
-    return {prefix + key: value for key, value in got.items()}
-
-
-def _clock_text(row: dict, prefix: str = "") -> str:
-    if prefix + "sm_mhz" not in row:
-        return ""
-    return f"  {row[prefix + 'sm_mhz']:.0f} MHz {row[prefix + 'power_w']:.0f} W"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +332,7 @@ def packing_us(ids, num_experts: int, plan, iters: int = 64) -> float:
 
 def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s=None,
               baseline: bool = True, unfused: bool = False, log=print,
-              l2: str = "cold", sampler: ClockSampler | None = None) -> list[dict]:
+              l2: str = "cold") -> list[dict]:
     """Microseconds per MoE layer (jitted loop; its route packing included, routes_of_call)
     for each geometry and token count m, with the touched experts' roofline (max of HBM time
     of their bytes and decode ALU time of their weights, anchors.md rates) and an unfused
@@ -447,8 +341,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
     ops.moe.moe_tiered: one custom call). l2: "cold" (the loop's calls cycle through
     routed_variants, so the touched experts are not the same call after call and come from HBM
     as in a model) or "warm" (one routing: its experts stay in the L2 across the loop, the
-    method before session 24). sampler: the layer's SM clock and power go into the row, as in
-    bench."""
+    method before session 24)."""
     import importlib
 
     from exl3_jax.ffi import trellis_moe as tm
@@ -506,13 +399,11 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                        touched_bytes=touched * per_expert_bytes, hbm_floor_us=hbm_us,
                        decode_floor_us=alu_us, mma_floor_us=mma_us, floor_us=floor_us)
             try:
-                spans = []
                 row["us"] = 1e6 * time_in_loop(
                     lambda x, i, w, e: layer(x, routes_of_call(x, i, plan), w, e),
                     (x, ids, wts, experts), iters=iters, reps=3,
-                    variants=[(i, wts, experts) for i in idv], spans=spans)
+                    variants=[(i, wts, experts) for i in idv])
                 row["floor_ratio"] = row["us"] / floor_us
-                row.update(_clock_fields(sampler, spans))
             except Exception as e:   # noqa: BLE001 -- record and continue
                 row["us"], row["error"] = float("nan"), f"{type(e).__name__}: {e}"[:500]
             if unfused and not tiers:   # the jnp-glue variant (8 launches + XLA)
@@ -549,7 +440,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                 f"  pack {row.get('pack_us', float('nan')):7.1f} us"
                 f"  loop {row.get('loop_us', float('nan')):5.1f} us"
                 + (f"  unfused {row.get('unfused_us', float('nan')):8.1f} us" if unfused else "")
-                + _clock_text(row) + (f"  ERR {row['error']}" if "error" in row else ""))
+                + (f"  ERR {row['error']}" if "error" in row else ""))
     return rows
 
 
@@ -583,9 +474,8 @@ def main_moe(argv=None) -> int:
     ms = [int(v) for v in a.m.split(",")] if a.m else list(MOE_QUICK_M if a.quick else MOE_M)
     budget = a.budget_s or (120.0 if a.quick else None)
     K = a.K[0] if len(a.K) == 1 else a.K
-    with ClockSampler() as sampler:         # each row's SM clock and power (nvidia-smi)
-        rows = bench_moe(a.geometries.split(","), ms, K, a.codebook, budget_s=budget,
-                         baseline=not a.no_baseline, l2=a.l2, sampler=sampler)
+    rows = bench_moe(a.geometries.split(","), ms, K, a.codebook, budget_s=budget,
+                     baseline=not a.no_baseline, l2=a.l2)
     result = {"versions": versions(), "l2": a.l2, "rows": rows}
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)

@@ -134,9 +134,8 @@ def main(argv=None) -> int:
         result["seconds"] = round(time.time() - t0, 1)
         write(a.out, result)
 
-    with gb.ClockSampler() as sampler:       # each row's SM clock and power (nvidia-smi)
-        gb.bench(shapes, Ks, a.codebooks.split(","), ms, deadline=deadline,
-                 groups=set(groups), done=done, on_row=on_row, l2=a.l2, sampler=sampler)
+    gb.bench(shapes, Ks, a.codebooks.split(","), ms, deadline=deadline, groups=set(groups),
+             done=done, on_row=on_row, l2=a.l2)
     wanted = {(*g, m) for g in groups for m in ms}
     missing = sorted(wanted - {row_key(r) for r in rows if not r.get("error")})
     result.update(seconds=round(time.time() - t0, 1), complete=not missing,

@@ -8,8 +8,7 @@
 Call 70 timed the plan's fp16 x fp16 dot (its weight dequantized outside the loop) 4-8% slower
 than XLA's bf16 dot at m = 4096 with the same preferred output width. One dot per variant,
 timed as `bench linear` times an op (ffi.bench.time_in_loop, weights cycled past the L2), then
-run for ~2 s more while ffi.bench.ClockSampler (nvidia-smi) samples the SM clock, the power and
-the clock-event reasons:
+run for ~2 s more while `nvidia-smi` samples the SM clock, the power and the clock-event reasons:
 
   bf16 / bf16_f32           bf16 x bf16 (normal x, weight normal * 0.02), bf16 / f32 out
   bf16_zero_w               the same with an all-zero weight (the power ceiling's control)
@@ -27,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -37,6 +39,9 @@ from jax import lax
 
 from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
+
+SMI_FIELDS = ("clocks.sm", "power.draw", "clocks_event_reasons.active")
+
 
 def _dot(x, w, dtype):
     return lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=dtype)
@@ -81,6 +86,35 @@ def variants(k: int, n: int, m: int, names=VARIANTS):
     return {name: make[name]() for name in names}
 
 
+class Sampler:
+    """nvidia-smi sampling every ``ms`` in the background; samples(t0, t1) -> field lists."""
+
+    def __init__(self, ms: int = 50):
+        fields = ",".join(("timestamp",) + SMI_FIELDS)
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
+             f"-lms={ms}"], stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.rows = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.rows.append((time.time(), [v.strip() for v in line.split(",")[1:]]))
+
+    def window(self, t0: float, t1: float) -> dict:
+        got = [r for t, r in self.rows if t0 <= t <= t1]
+        out = {"samples": len(got)}
+        for i, name in enumerate(SMI_FIELDS[:2]):
+            vals = [float(r[i]) for r in got if len(r) > i and _num(r[i])]
+            out[name] = round(statistics.median(vals), 1) if vals else None
+        out["reasons"] = sorted({r[2] for r in got if len(r) > 2})
+        return out
+
+    def stop(self):
+        self.proc.terminate()
+
+
 def cuda_profiler(on: bool) -> int:
     """cuProfilerStart / Stop on device 0's primary context (JAX's) made current in this
     thread; the driver's return code."""
@@ -95,6 +129,14 @@ def cuda_profiler(on: bool) -> int:
     return (cu.cuProfilerStart if on else cu.cuProfilerStop)()
 
 
+def _num(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="8192x28672,4096x14336")
@@ -104,7 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--once", action="store_true")
     p.add_argument("--out")
     a = p.parse_args(argv)
-    sampler = None if a.once else gb.ClockSampler()
+    sampler = None if a.once else Sampler()
     rows = []
     for shape in a.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -131,13 +173,13 @@ def main(argv=None) -> int:
                 while time.time() - t0 < a.sustain_s:
                     jax.block_until_ready(loop(x, rests))
                 t1 = time.time()
-                smi = sampler.window([(t0 + 0.5, t1)])
+                smi = sampler.window(t0 + 0.5, t1)
                 row = dict(k=k, n=n, m=m, variant=name, us=round(us, 1),
                            tflops=round(2 * m * k * n / us / 1e6, 1), **smi)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if sampler:
-        sampler.close()
+        sampler.stop()
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"versions": gb.versions(), "argv": sys.argv, "rows": rows}, f, indent=1)

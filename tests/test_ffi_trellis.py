@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 
 import jax
 import jax.numpy as jnp
@@ -1458,58 +1457,6 @@ def test_bench_timer_and_weights():
         bench.weight_copies(l2, "hot")
 
 
-def test_clock_sampler_summarises_nvidia_smi_samples_inside_the_timed_spans(tmp_path,
-                                                                           monkeypatch):
-    # bench linear records each row's SM clock and power (the large dots run at the power cap,
-    # bench/NOTES.md session 38). A stand-in nvidia-smi alternates a capped and an uncapped
-    # sample and records how it was asked.
-    import shutil
-    import time
-
-    from exl3_jax.ffi import bench
-    args_file = tmp_path / "args"
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\n"
-                    f'echo "$@" > {args_file}\n'
-                    "while true; do\n"
-                    '  echo "1395, 696.40, 0x0000000000000004"; sleep 0.01\n'
-                    '  echo "1755, 640.00, 0x0000000000000000"; sleep 0.01\n'
-                    '  echo "[N/A], [N/A], [N/A]"; sleep 0.01\n'
-                    "done\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    assert shutil.which("nvidia-smi") == str(fake)
-    before = time.time() - 10
-    with bench.ClockSampler(interval_ms=10) as sampler:
-        x = jnp.ones((4, 128), jnp.bfloat16)
-        spans = []
-        t0 = time.time()
-        bench.time_in_loop(lambda x, w: jnp.dot(x, w), (x, x.T), iters=16, reps=2, spans=spans)
-        time.sleep(max(0.0, 0.4 - (time.time() - t0)))
-        spans_all = [(t0, time.time())]
-        got = sampler.window(spans_all)
-        assert got["samples"] >= 6                  # the [N/A] lines are dropped
-        assert got["sm_mhz"] in (1395.0, 1575.0, 1755.0)
-        assert got["power_w"] in (640.0, 668.2, 696.4)
-        assert 0.2 <= got["power_capped"] <= 0.8
-        assert sampler.window([(before, before + 1)]) == {}
-        assert len(spans) == 1 and t0 <= spans[0][0] <= spans[0][1] <= time.time()
-        fields = bench._clock_fields(sampler, spans_all, "bf16_")
-        assert fields["bf16_clock_samples"] == got["samples"]
-        assert set(fields) == {"bf16_sm_mhz", "bf16_power_w", "bf16_power_capped",
-                               "bf16_clock_samples"}
-        assert "MHz" in bench._clock_text(fields, "bf16_")
-    assert sampler.proc is None
-    asked = args_file.read_text()
-    assert "clocks.sm,power.draw,clocks_event_reasons.active" in asked and "-lms=10" in asked
-    # Without nvidia-smi (the CPU): no samples, no row fields.
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with bench.ClockSampler() as none:
-        assert none.window([(0, time.time())]) == {}
-        assert bench._clock_fields(none, [(0, time.time())]) == {}
-        assert bench._clock_text({}) == ""
-
-
 def test_timing_loop_keeps_the_route_packing_inside():
     # XLA hoists work that depends only on the loop's arguments out of the while loop: a MoE
     # layer's route packing with fixed ids would go uncounted. routes_of_call ties the ids to
@@ -1562,13 +1509,6 @@ def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
         assert rows[0]["ragged_us"] > 0 and "error" not in rows[0], rows[0]
         assert len({id(t) for t in seen}) == distinct       # one tracer per routing
         assert rows[0]["packing"] == "per_route" and rows[0]["pack_us"] == 0.0, rows[0]
-    # A ClockSampler's window over the layer's timed repetitions goes into the row
-    class Sampler:
-        def window(self, spans):
-            assert len(spans) == 1 and spans[0][0] <= spans[0][1]
-            return {"sm_mhz": 1500.0, "power_w": 600.0, "power_capped": 1.0, "samples": 3}
-    row, = bench.bench_moe(ms=[2], K=4, baseline=False, log=lambda *_: None, sampler=Sampler())
-    assert (row["sm_mhz"], row["power_w"], row["clock_samples"]) == (1500.0, 600.0, 3), row
     # A sorted plan's packing timed alone (XLA's here: the kernel needs a GPU)
     monkeypatch.setenv(tm.PACK_ENV, "xla")
     row, = bench.bench_moe(ms=[8], K=4, l2="warm", baseline=False, log=lambda *_: None)
