@@ -127,6 +127,31 @@ def timing_loop(op, trips: int, unroll: int, copies: int):
     return loop
 
 
+def loop_timer(op, args, *, iters: int, reps: int = 3, unroll: int = 8, copies: int = 1,
+               variants=None):
+    """time_in_loop's loop, compiled and warmed up once: a callable that times it again on
+    each call (seconds per op call, median of ``reps``), so that two sides can be timed in
+    alternation without recompiling (bench's ``rounds``)."""
+    rests = variants or [args[1:]] + [
+        jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), args[1:])
+        for _ in range(copies - 1)]
+    copies = len(rests)
+    if unroll % copies:
+        raise ValueError(f"copies={copies} must divide unroll={unroll}")
+    iters = max(unroll, iters // unroll * unroll)
+    loop = timing_loop(op, iters // unroll, unroll, copies)
+    jax.block_until_ready(loop(args[0], rests))          # compile + warm up
+
+    def seconds_per_call() -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(loop(args[0], rests))
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) / iters
+    return seconds_per_call
+
+
 def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
                  copies: int = 1, variants=None) -> float:
     """Seconds per op call: median of ``reps`` timings of a jitted loop of ``iters`` calls,
@@ -137,21 +162,8 @@ def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,
     weight that fits the L2 is not served from it call after call (cold_copies); or
     ``variants``: the rest-argument tuples themselves (e.g. the MoE's routes to different
     experts), call j taking variant j % len(variants)."""
-    rests = variants or [args[1:]] + [
-        jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), args[1:])
-        for _ in range(copies - 1)]
-    copies = len(rests)
-    if unroll % copies:
-        raise ValueError(f"copies={copies} must divide unroll={unroll}")
-    iters = max(unroll, iters // unroll * unroll)
-    loop = timing_loop(op, iters // unroll, unroll, copies)
-    jax.block_until_ready(loop(args[0], rests))          # compile + warm up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(args[0], rests))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / iters
+    return loop_timer(op, args, iters=iters, reps=reps, unroll=unroll, copies=copies,
+                      variants=variants)()
 
 
 def loop_overhead_us(m: int, k: int) -> float:
@@ -166,7 +178,8 @@ def iters_for(m: int, k: int, n: int) -> int:
 
 
 def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print,
-          groups=None, done=(), on_row=None, l2: str = "cold") -> list[dict]:
+          groups=None, done=(), on_row=None, l2: str = "cold",
+          rounds: int = 3) -> list[dict]:
     """Rows of the Trellis GEMM vs bf16 for every (shape, K, codebook, m).
 
     groups: optional set of (k, n, K, codebook) to run (default all); done: (k, n, K, codebook,
@@ -175,8 +188,13 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
     (both sides cycle through cold_copies of their weights, so neither is served from the L2
     call after call: a model's layers are distinct) or "warm" (one copy: a weight that fits
     the L2, e.g. 4096x14336 K4's 29 MB, stays there across the loop; the method before
-    session 24)."""
+    session 24). rounds: each row times its op and the bf16 dot in alternation, ``rounds``
+    times each (medians; every round in us_rounds / bf16_us_rounds), so both sides see the
+    same clock: the large dots run at the card's power cap, and one row timed apart from its
+    baseline moved 10% between two runs (session 38)."""
     check_l2(l2)
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     from exl3_jax.ffi import trellis_gemm as tg
 
     rows = []
@@ -186,17 +204,17 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
         if not todo:
             continue
         wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02, jnp.bfloat16)
-        bf16_us, overhead_us = {}, {}
+        bf16_timer, overhead_us = {}, {}
         for m in sorted({m for _, _, m in todo}):
             if deadline and time.time() > deadline:
                 log("bench: deadline reached, stopping")
                 return rows
             x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)), jnp.bfloat16)
-            bf16_us[m] = 1e6 * time_in_loop(lambda x, w: jnp.dot(x, w), (x, wb),
-                                            iters=iters_for(m, k, n),
-                                            copies=weight_copies(2 * k * n, l2))
+            bf16_timer[m] = loop_timer(lambda x, w: jnp.dot(x, w), (x, wb),
+                                       iters=iters_for(m, k, n),
+                                       copies=weight_copies(2 * k * n, l2))
             overhead_us[m] = loop_overhead_us(m, k)
-            log(f"{k:>6}x{n:<6} m={m:<5} bf16 {bf16_us[m]:9.1f} us  loop overhead "
+            log(f"{k:>6}x{n:<6} m={m:<5} bf16 {1e6 * bf16_timer[m]():9.1f} us  loop overhead "
                 f"{overhead_us[m]:6.1f} us")
         for K in Ks:
             for cb in codebooks:
@@ -215,16 +233,24 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                     plan = tg.plan_for(m, w)
                     copies = weight_copies(w.nbytes, l2)
                     t_row = time.time()
+                    op_us, bf16_us = [], []
                     try:
-                        us = 1e6 * time_in_loop(lambda x, w: tg.trellis_matmul_gpu(x, w),
-                                                (x, w), iters=iters_for(m, k, n), copies=copies)
+                        op_timer = loop_timer(lambda x, w: tg.trellis_matmul_gpu(x, w),
+                                              (x, w), iters=iters_for(m, k, n), copies=copies)
+                        for _ in range(rounds):
+                            op_us.append(1e6 * op_timer())
+                            bf16_us.append(1e6 * bf16_timer[m]())
                         err = None
                     except Exception as e:   # noqa: BLE001 -- record and continue
-                        us, err = float("nan"), f"{type(e).__name__}: {e}"[:500]
+                        err = f"{type(e).__name__}: {e}"[:500]
+                    us = statistics.median(op_us) if op_us and not err else float("nan")
+                    bf16 = statistics.median(bf16_us or [1e6 * bf16_timer[m]()])
                     floor_us = 1e6 * k * n / DECODE_RATE[cb]
                     row = dict(k=k, n=n, K=K, codebook=cb, m=m, plan=plan.kind, us=us,
-                               bf16_us=bf16_us[m], loop_overhead_us=overhead_us[m],
-                               speedup_vs_bf16=bf16_us[m] / us,
+                               bf16_us=bf16, loop_overhead_us=overhead_us[m],
+                               speedup_vs_bf16=bf16 / us,
+                               us_rounds=[round(v, 2) for v in op_us],
+                               bf16_us_rounds=[round(v, 2) for v in bf16_us],
                                gbps=w.nbytes / us / 1e3, trellis_bytes=tbytes,
                                floor_us=floor_us, floor_fraction=floor_us / us, error=err,
                                l2=l2, weight_copies=copies,
@@ -233,7 +259,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                     if on_row:
                         on_row(row)
                     log(f"{k:>6}x{n:<6} K={K:<4} {cb:<5} m={m:<5} {plan.kind:<8} "
-                        f"{us:9.1f} us  bf16 {bf16_us[m]:9.1f} us  x{bf16_us[m] / us:5.2f}  "
+                        f"{us:9.1f} us  bf16 {bf16:9.1f} us  x{bf16 / us:5.2f}  "
                         f"{row['gbps']:7.0f} GB/s  floor {floor_us:7.1f} us "
                         f"({row['floor_fraction']:.2f})  [{row['wall_s']:.1f} s]"
                         + (f"  ERR {err}" if err else ""))

@@ -109,6 +109,9 @@ def main(argv=None) -> int:
                    help="cold: each side cycles through enough weight copies to miss the L2 "
                         "(a model's layers are distinct); warm: one copy (L2-resident where "
                         "it fits, the method before session 24)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="times each row's op and its bf16 dot in alternation, this many times "
+                        "each (medians): both sides see the same clock at the power cap")
     a = p.parse_args(argv)
     if a.merge:
         result = merge(a.merge)
@@ -125,7 +128,8 @@ def main(argv=None) -> int:
     groups = part_groups(grid_groups(shapes, Ks, a.codebooks.split(",")), part)
     rows = load_rows(a.out) if a.resume else []
     done = {row_key(r) for r in rows}
-    result = {"versions": gb.versions(), "l2": a.l2, "part": f"{part[0]}/{part[1]}",
+    result = {"versions": gb.versions(), "l2": a.l2, "rounds": a.rounds,
+              "part": f"{part[0]}/{part[1]}",
               "groups": [list(g) for g in groups], "m": ms, "rows": rows}
     t0 = time.time()
 
@@ -135,7 +139,7 @@ def main(argv=None) -> int:
         write(a.out, result)
 
     gb.bench(shapes, Ks, a.codebooks.split(","), ms, deadline=deadline, groups=set(groups),
-             done=done, on_row=on_row, l2=a.l2)
+             done=done, on_row=on_row, l2=a.l2, rounds=a.rounds)
     wanted = {(*g, m) for g in groups for m in ms}
     missing = sorted(wanted - {row_key(r) for r in rows if not r.get("error")})
     result.update(seconds=round(time.time() - t0, 1), complete=not missing,

@@ -1457,6 +1457,47 @@ def test_bench_timer_and_weights():
         bench.weight_copies(l2, "hot")
 
 
+def test_bench_rows_time_the_op_and_bf16_in_alternating_rounds(monkeypatch):
+    # bench linear times each row's op and its bf16 dot in alternation (rounds, medians), each
+    # loop compiled once (loop_timer): both sides see the same clock at the power cap.
+    from exl3_jax.ffi import bench
+    from exl3_jax.ffi import trellis_gemm as tg
+    calls = []
+    values = {"op": iter([30.0, 10.0, 20.0]), "bf16": iter([50.0, 40.0, 60.0, 45.0])}
+
+    def fake_timer(op, args, **kw):
+        kind = ("op" if isinstance(args[1], type(bench.random_weight(128, 128, 4, "mcg")))
+                else "bf16") if len(args) > 1 else "overhead"
+        calls.append(("build", kind))
+
+        def seconds():
+            calls.append(("time", kind))
+            return 1e-6 * (next(values[kind]) if kind != "overhead" else 1.0)
+        return seconds
+    monkeypatch.setattr(bench, "loop_timer", fake_timer)
+    monkeypatch.setattr(tg, "trellis_matmul_gpu", lambda x, w: x)
+    row, = bench.bench([(128, 128)], [4], ["mcg"], [1], log=lambda *_: None, rounds=3)
+    timed = [kind for what, kind in calls if what == "time" and kind != "overhead"]
+    assert timed == ["bf16", "op", "bf16", "op", "bf16", "op", "bf16"]    # first: the log line
+    assert [kind for what, kind in calls if what == "build"].count("op") == 1
+    assert row["us_rounds"] == [30.0, 10.0, 20.0] and row["us"] == pytest.approx(20.0)
+    assert row["bf16_us_rounds"] == [40.0, 60.0, 45.0]
+    assert row["bf16_us"] == pytest.approx(45.0) and row["error"] is None
+    assert row["speedup_vs_bf16"] == pytest.approx(45.0 / 20.0)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        bench.bench([(128, 128)], [4], ["mcg"], [1], log=lambda *_: None, rounds=0)
+
+
+def test_loop_timer_compiles_once_and_times_again():
+    from exl3_jax.ffi import bench
+    traced = []
+    x = jnp.ones((4, 128), jnp.bfloat16)
+    timer = bench.loop_timer(lambda x, w: (traced.append(1), jnp.dot(x, w))[1], (x, x.T),
+                             iters=16, reps=1)
+    n_traced = len(traced)
+    assert all(0 < timer() < 1.0 for _ in range(3)) and len(traced) == n_traced
+
+
 def test_timing_loop_keeps_the_route_packing_inside():
     # XLA hoists work that depends only on the loop's arguments out of the while loop: a MoE
     # layer's route packing with fixed ids would go uncounted. routes_of_call ties the ids to
