@@ -7,7 +7,7 @@
 
 Call 70 timed the plan's fp16 x fp16 dot (its weight dequantized outside the loop) 4-8% slower
 than XLA's bf16 dot at m = 4096 with the same preferred output width. One dot per variant,
-timed as `bench linear` times an op (ffi.bench.time_in_loop, weights cycled past the L2), then
+timed as `bench linear` times an op (ffi.bench.loop_timer, weights cycled past the L2), then
 run for ~2 s more while `nvidia-smi` samples the SM clock, the power and the clock-event reasons:
 
   bf16 / bf16_f32           bf16 x bf16 (normal x, weight normal * 0.02), bf16 / f32 out
@@ -163,15 +163,12 @@ def main(argv=None) -> int:
                     cuda_profiler(False)
                     print(name, k, n, m, "profiler start rc", rc, file=sys.stderr, flush=True)
                     continue
-                copies = gb.cold_copies(2 * k * n)
-                us = 1e6 * gb.time_in_loop(op, (x, w), iters=gb.iters_for(m, k, n),
-                                           copies=copies, reps=5)
-                rests = [(w,)] + [(jnp.array(w, copy=True),) for _ in range(copies - 1)]
-                loop = gb.timing_loop(op, 4, 8, copies)
-                jax.block_until_ready(loop(x, rests))
+                timer = gb.loop_timer(op, (x, w), iters=gb.iters_for(m, k, n),
+                                      copies=gb.cold_copies(2 * k * n), reps=5)
+                us = 1e6 * timer()
                 t0 = time.time()
-                while time.time() - t0 < a.sustain_s:
-                    jax.block_until_ready(loop(x, rests))
+                while time.time() - t0 < a.sustain_s:     # the same loop, sustained
+                    timer()
                 t1 = time.time()
                 smi = sampler.window(t0 + 0.5, t1)
                 row = dict(k=k, n=n, m=m, variant=name, us=round(us, 1),
