@@ -60,6 +60,9 @@ RING_CTAS_PER_SM = 3       # the ring's resident CTAs at K4 (60 KB of shared mem
 # fold when k * n <= FOLD_FREE_WEIGHTS + FOLD_WEIGHTS_PER_ROW_ELEMENT * m * (k + n), so up to
 # 50 M weights always, 4096x14336 from m ~ 170 (-1 to -21% at m = 256..4096), 8192x28672 from
 # m ~ 1800 (+44% at m = 256, +9% at 1024, +2% at 1536, within 2% at 2048, -7% at 4096).
+# Not refitted since the output transform's 16-byte accesses (session 38: ~0.75 ps per row
+# element less, so ~2.0 here); that moves no decision at m = 128, 256, 1024 or 4096 on the
+# issue's two large shapes.
 FOLD_FREE_WEIGHTS = 50_000_000
 FOLD_WEIGHTS_PER_ROW_ELEMENT = 2.75
 
