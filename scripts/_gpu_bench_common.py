@@ -70,10 +70,15 @@ def hlo_kernels(fn, *args) -> list[str]:
     """The fusions and custom calls of jit(fn)'s optimized HLO on these arguments, as
     "fusion:<kind> <shape>" / "custom-call:<target> <shape>" (what a probe compiles to)."""
     import jax
-    text = jax.jit(fn).lower(*args).compile().as_text()
+    return kernels_in_hlo(jax.jit(fn).lower(*args).compile().as_text())
+
+
+def kernels_in_hlo(text: str) -> list[str]:
+    """hlo_kernels of an optimized-HLO text. A result may be a tuple, "(f32[..]{..}, s8[..]{0})"
+    (cuBLAS's output and workspace, a multi-output fusion)."""
     out = []
     for line in text.splitlines():
-        m = re.match(r"^\s*(?:ROOT\s+)?%[\w.\-]+ = (\S+) (fusion|custom-call)\(.*?"
+        m = re.match(r"^\s*(?:ROOT\s+)?%[\w.\-]+ = (\([^()]*\)|\S+) (fusion|custom-call)\(.*?"
                      r"(?:kind=(\w+)|custom_call_target=\"([^\"]+)\")", line)
         if m:
             out.append(f"{m[2]}:{m[3] or m[4]} {m[1]}")

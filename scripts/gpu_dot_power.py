@@ -35,16 +35,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
+
+from gpu_prefill_parts import dot_as
 
 from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
 
 SMI_FIELDS = ("clocks.sm", "power.draw", "clocks_event_reasons.active")
-
-
-def _dot(x, w, dtype):
-    return lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=dtype)
 
 
 def round_significant(w, bits: int):
@@ -153,7 +150,7 @@ def main(argv=None) -> int:
         for m in (int(v) for v in a.m.split(",")):
             names = a.only.split(",") if a.only else VARIANTS
             for name, (x, w, dtype) in variants(k, n, m, names).items():
-                op = (lambda d: lambda x, w: _dot(x, w, d))(dtype)
+                op = (lambda d: lambda x, w: dot_as(x, w, d))(dtype)
                 if a.once:
                     f = jax.jit(op)
                     jax.block_until_ready(f(x, w))          # compile and autotune

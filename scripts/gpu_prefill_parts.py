@@ -15,45 +15,35 @@ the L2), every part's input derived from the loop's x so nothing is hoisted out 
                 (fp16 x fp16 with that preferred type, the weight dequantized outside the loop)
   transforms:   had_in (hadamard_in), dequant (W_hat), dot16_f32, had_out (hadamard_out)
 
-One JSON line per row, all rows and the dots' compiled custom calls in --out. (Replaces
-scripts/gpu_tune.py's prefill rows: forced plan, one weight copy, the folded form only.)
+One JSON line per row, all rows and the dots' compiled custom calls
+(_gpu_bench_common.hlo_kernels) in --out. (Replaces scripts/gpu_tune.py's prefill rows: forced
+plan, one weight copy, the folded form only.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from _gpu_bench_common import hlo_kernels
 
 from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
 
 
-def _dot(x16, w16, dtype):
-    return lax.dot_general(x16, w16, (((1,), (0,)), ((), ())), preferred_element_type=dtype)
+def dot_as(x, w, dtype):
+    """x [m, k] @ w [k, n] with preferred_element_type ``dtype`` (XLA's dot, as the plan)."""
+    return lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=dtype)
 
 
 def _dep(x):
     """A float32 [1] zero that depends on x (keeps a part's launch inside the loop)."""
     return (x[:1, 0] * 0).astype(jnp.float32)
-
-
-def dot_custom_calls(fn, *args) -> list:
-    """The compiled program's custom-call targets and result shapes (cuBLAS or Triton)."""
-    text = jax.jit(fn).lower(*args).compile().as_text()
-    calls = set()
-    for line in text.splitlines():
-        target = re.search(r'custom_call_target="([^"]+)"', line)
-        result = re.search(r"= (.+?) custom-call\(", line)
-        if target and result:       # tuple results (cuBLAS: output and workspace) included
-            calls.add((result.group(1), target.group(1)))
-    return sorted(calls)
 
 
 def parts(k: int, n: int, m: int, K, codebook: str):
@@ -67,7 +57,7 @@ def parts(k: int, n: int, m: int, K, codebook: str):
         "op": (lambda x, w: tg.trellis_matmul_gpu(x, w), (x, w), cw),
         "op_bf16": (lambda x, w: tg.trellis_matmul_gpu(x, w).astype(jnp.bfloat16), (x, w), cw),
         "bf16": (lambda x, wb: jnp.dot(x, wb), (x, wb), cb),
-        "bf16_f32": (lambda x, wb: _dot(x, wb, jnp.float32), (x, wb), cb),
+        "bf16_f32": (lambda x, wb: dot_as(x, wb, jnp.float32), (x, wb), cb),
     }
     if plan.kind != "prefill":
         return plan, out
@@ -81,7 +71,7 @@ def parts(k: int, n: int, m: int, K, codebook: str):
         xh, scale = tg.hadamard_in(x, w.suh, m)
         w16 = tg.dequantize_f16(w, rotate=False)
         x16 = xh.reshape(m, k).astype(jnp.float16)
-        part = _dot(x16, w16, jnp.float32)
+        part = dot_as(x16, w16, jnp.float32)
         out["had_in"] = (lambda x, suh: tg.hadamard_in(x, suh, m)[0], (x, w.suh), 1)
         out["dequant"] = (lambda x, w: tg.dequantize_f16(w, rotate=False, scale=1 + _dep(x)),
                           (x, w), cw)
@@ -89,7 +79,7 @@ def parts(k: int, n: int, m: int, K, codebook: str):
             p.reshape(-1), svh, None, sc, m=m, m_pad=m, splits=1, n=n), (part, w.svh, scale), 1)
     for name, dtype in (("dot16_f32", jnp.float32), ("dot16_bf16", jnp.bfloat16),
                         ("dot16_f16", jnp.float16)):
-        out[name] = ((lambda d: lambda x16, w16: _dot(x16, w16, d))(dtype), (x16, w16), cb)
+        out[name] = ((lambda d: lambda x16, w16: dot_as(x16, w16, d))(dtype), (x16, w16), cb)
     return plan, out
 
 
@@ -120,7 +110,8 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
                 if name.startswith("dot16") or name in ("op", "bf16"):
                     try:
-                        hlo[f"{k}x{n} m={m} {name}"] = dot_custom_calls(op, *args)
+                        hlo[f"{k}x{n} m={m} {name}"] = [
+                            c for c in hlo_kernels(op, *args) if c.startswith("custom-call:")]
                     except Exception as e:   # noqa: BLE001
                         hlo[f"{k}x{n} m={m} {name}"] = f"{type(e).__name__}: {e}"[:200]
     for key, calls in hlo.items():

@@ -55,3 +55,20 @@ def test_profile_linear_chains_every_call():
     np.testing.assert_array_equal(np.asarray(looped(lambda v: v @ jnp.ones((8, 5)), 4)(x)),
                                   np.asarray(x))
     assert np.isnan(np.asarray(looped(lambda v: v * jnp.nan, 4)(x), np.float32)).all()
+
+
+def test_hlo_kernels_list_fusions_and_custom_calls_with_tuple_results():
+    # The probes' kernel list (_gpu_bench_common.hlo_kernels): a real XLA:CPU compile, and GPU
+    # HLO lines as XLA prints them, where cuBLAS returns (output, workspace) as a tuple.
+    import jax.numpy as jnp
+    from _gpu_bench_common import hlo_kernels, kernels_in_hlo
+    got = hlo_kernels(lambda a: jnp.sin(a) * 2, jnp.ones((8,)))
+    assert got and all(k.startswith("fusion:") for k in got) and "f32[8]{0}" in got[-1]
+    text = (
+        '  %custom-call.1 = (f32[4096,28672]{1,0}, s8[33554432]{0}) custom-call(f16[4096,8192]'
+        '{1,0} %p0, f16[8192,28672]{1,0} %p1), custom_call_target="__cublas$lt$matmul"\n'
+        "  ROOT %fusion.2 = f16[4096,8192]{1,0} fusion(bf16[4096,8192]{1,0} %x), kind=kLoop\n"
+        "  %add.3 = f32[8]{0} add(f32[8]{0} %a, f32[8]{0} %b)\n")
+    assert kernels_in_hlo(text) == [
+        "custom-call:__cublas$lt$matmul (f32[4096,28672]{1,0}, s8[33554432]{0})",
+        "fusion:kLoop f16[4096,8192]{1,0}"]
