@@ -401,9 +401,12 @@ def _linear_case(case) -> dict:
 
 
 def _export_linear_case(c):
+    """The case's export, with the transforms $EXL3_JAX_TRANSFORMS names (as at run time)."""
+    from . import trellis_gemm as tg
     if c.get("members"):
         return export_group(c["k"], c["members"], c["K"], c["codebook"], c["m"])
-    return export_linear(c["k"], c["n"], c["K"], c["codebook"], c["m"], c["plan"])[0]
+    return export_linear(c["k"], c["n"], c["K"], c["codebook"], c["m"], c["plan"],
+                         transforms=tg._transforms_mode(None))[0]
 
 
 def main(argv=None) -> int:

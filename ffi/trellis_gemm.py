@@ -9,14 +9,12 @@ Pipeline per call (plan picked at trace time from static shapes, exl3_jax.ops.pl
      warpgroup-MMA kernel (ffi/trellis_wgmma.py), partials or, with one K-split, y itself
      (step 3 in its epilogue);
   3. output transform kernel: sum of the partials, had128, * svh, + bias, fp32.
-Three launches for a decode step. The prefill plan has no transforms where folding is cheaper
-(plans.prefill_folds: weights up to ~60 M at any m, larger ones from ~2000 rows): the
-dequantize kernel (ffi/trellis_dequant.py) writes the layer's weight itself (both Hadamards,
-suh and svh folded in) as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s:
-prefill_scale); elsewhere the kernel writes W_hat and steps 1 and 3 run around the dot
-(TrellisPlan.fold_rotations). One token (m = 1, the batch-1 decode step) runs as one custom
-call of two launches instead (ffi/trellis_linear.py: each decode-kernel CTA rotates its own k
-range of the row, and the output transform is chained behind it).
+Three launches for a decode step. The prefill plan has no transforms: the dequantize kernel
+(ffi/trellis_dequant.py) writes the layer's weight itself (both Hadamards, suh and svh folded
+in) as fp16 [k, n], and one XLA dot multiplies fp16(x / s) by it (s: prefill_scale). One token
+(m = 1, the batch-1 decode step) runs as one custom call of two launches instead
+(ffi/trellis_linear.py: each decode-kernel CTA rotates its own k range of the row, and the
+output transform is chained behind it).
 EXL3_JAX_TRANSFORMS=xla does steps 1 and 3 with jnp instead (the reference arithmetic; kept for
 comparison and debugging).
 
@@ -58,8 +56,6 @@ Environment:
                                               of R slots (0: direct loads; see DECODE_RING_ENV),
                                               0 = the plan's value for the others; off: direct
                                               loads everywhere (a tuning aid).
-  EXL3_JAX_PREFILL_FOLD = 1 | 0               force the prefill plan's fold_rotations (default:
-                                              plans.prefill_folds).
   EXL3_JAX_AOT_DIR = <dir>                    use the ahead-of-time artifacts of that directory
                                               (scripts/build_aot.py; see exl3_jax.ffi.aot)
                                               instead of compiling the kernels in this process.
@@ -95,7 +91,6 @@ SPLIT_GROUPS_ENV = "EXL3_JAX_SPLIT_GROUPS"
 MUL1_BYTESUM_ENV = "EXL3_JAX_MUL1_BYTESUM"
 TILES_ENV = "EXL3_JAX_TILES"
 WGMMA_ENV = "EXL3_JAX_WGMMA"
-PREFILL_FOLD_ENV = "EXL3_JAX_PREFILL_FOLD"   # "1" / "0": force the prefill plan's fold_rotations
 # "R,unroll,splits[,min_ctas]": the decode plan's kernel streams its chunks through a cp.async
 # ring of R slots per warp (MmaConfig.ring; R = 0: direct loads), unroll k16 steps per chunk,
 # splits K-splits, a register cap fitting min_ctas CTAs per SM (0 keeps the plan's); the row
@@ -161,8 +156,8 @@ def plan_for(m: int, weight: Exl3Weight, force: str | None = None) -> TrellisPla
 def plan_for_shape(m: int, k: int, n: int, force: str | None = None, *,
                    codebook: str | None = None) -> TrellisPlan:
     """plan_for of an [m, k] @ [k, n] linear (a linear group: n the members' sum) in
-    ``codebook``, with the tuning environment ($EXL3_JAX_TILES, _WGMMA, _DECODE_RING,
-    _PREFILL_FOLD) applied."""
+    ``codebook``, with the tuning environment ($EXL3_JAX_TILES, _WGMMA, _DECODE_RING)
+    applied."""
     from .aot import device_arch
     plan = select_plan(m, k, n, sms=device_sms(), force=force or plan_force(),
                        hopper=device_arch() == "sm_90a", codebook=codebook)
@@ -186,11 +181,6 @@ def plan_for_shape(m: int, k: int, n: int, force: str | None = None, *,
         plan = dataclasses.replace(plan, ring=slots, unroll=unroll or plan.unroll,
                                    splits=splits or plan.splits, min_ctas=cap or plan.min_ctas,
                                    warps=warps or plan.warps)
-    fold = os.environ.get(PREFILL_FOLD_ENV, "")
-    if plan.kind == "prefill" and fold:
-        if fold not in ("0", "1"):
-            raise ValueError(f"{PREFILL_FOLD_ENV} must be 0 or 1, got {fold!r}")
-        plan = dataclasses.replace(plan, fold_rotations=fold == "1")
     return plan
 
 
@@ -766,13 +756,8 @@ def trellis_matmul_gpu(x, weight: Exl3Weight, *, plan: str | TrellisPlan | None 
             part = tiles_partials_words(f16_words(xh), weight, plan)
             y = hadamard_out(part, weight.svh, weight.bias, scale, m=m, m_pad=cfg.m_pad,
                              splits=cfg.splits, n=weight.n)
-    elif plan.fold_rotations:
+    else:
         y = prefill_matmul(x2, weight)
-    else:                     # transform kernels around xh @ W_hat (plans.prefill_folds)
-        xh, scale = hadamard_in(x2, weight.suh, m)
-        part = rotated_matmul(xh.reshape(m, weight.k), weight, plan)
-        y = hadamard_out(part.reshape(-1), weight.svh, weight.bias, scale, m=m, m_pad=m,
-                         splits=1, n=weight.n)
     return y.reshape(*lead, weight.n)
 
 

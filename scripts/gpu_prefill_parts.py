@@ -3,17 +3,15 @@
   python scripts/gpu_prefill_parts.py [--shapes 8192x28672,4096x14336] [--m 1024,4096]
       [--K 4] [--codebook mcg] [--out parts.json]
 
-For each (shape, m) on the plan auto picks (``prefill``: folded, or with the transform kernels),
-each part timed alone as `bench linear` times an op (ffi.bench.time_in_loop, weights cycled past
+For each (shape, m) on the plan auto picks (``prefill``), each part timed alone as `bench linear` times an op (ffi.bench.time_in_loop, weights cycled past
 the L2), every part's input derived from the loop's x so nothing is hoisted out of the loop:
 
   op            trellis_matmul_gpu, float32 out (what `bench linear` times)
   op_bf16       the same cast to bf16 (what a bf16 model's Exl3Linear returns)
   bf16 / bf16_f32   XLA's bf16 dot, bf16 out / float32 out (the baseline and its f32 twin)
-  folded plan:  x_prep (trellis_gemm.prefill_operand: the batch scale, x / s to fp16),
+  prefill plan: x_prep (trellis_gemm.prefill_operand: the batch scale, x / s to fp16),
                 dequant (the folding dequantize kernel), dot16_f32 / dot16_bf16 / dot16_f16
                 (fp16 x fp16 with that preferred type, the weight dequantized outside the loop)
-  transforms:   had_in (hadamard_in), dequant (W_hat), dot16_f32, had_out (hadamard_out)
 
 One JSON line per row, all rows and the dots' compiled custom calls
 (_gpu_bench_common.hlo_kernels) in --out. (Replaces scripts/gpu_tune.py's prefill rows: forced
@@ -61,22 +59,11 @@ def parts(k: int, n: int, m: int, K, codebook: str):
     }
     if plan.kind != "prefill":
         return plan, out
-    if plan.fold_rotations:
-        x16, s = tg.prefill_operand(x)
-        w16 = tg.dequantize_f16(w, rotate=True, scale=s)
-        out["x_prep"] = (lambda x: tg.prefill_operand(x)[0], (x,), 1)
-        out["dequant"] = (lambda x, w: tg.dequantize_f16(w, rotate=True, scale=s + _dep(x)),
-                          (x, w), cw)
-    else:
-        xh, scale = tg.hadamard_in(x, w.suh, m)
-        w16 = tg.dequantize_f16(w, rotate=False)
-        x16 = xh.reshape(m, k).astype(jnp.float16)
-        part = dot_as(x16, w16, jnp.float32)
-        out["had_in"] = (lambda x, suh: tg.hadamard_in(x, suh, m)[0], (x, w.suh), 1)
-        out["dequant"] = (lambda x, w: tg.dequantize_f16(w, rotate=False, scale=1 + _dep(x)),
-                          (x, w), cw)
-        out["had_out"] = (lambda p, svh, sc: tg.hadamard_out(
-            p.reshape(-1), svh, None, sc, m=m, m_pad=m, splits=1, n=n), (part, w.svh, scale), 1)
+    x16, s = tg.prefill_operand(x)
+    w16 = tg.dequantize_f16(w, rotate=True, scale=s)
+    out["x_prep"] = (lambda x: tg.prefill_operand(x)[0], (x,), 1)
+    out["dequant"] = (lambda x, w: tg.dequantize_f16(w, rotate=True, scale=s + _dep(x)),
+                      (x, w), cw)
     for name, dtype in (("dot16_f32", jnp.float32), ("dot16_bf16", jnp.bfloat16),
                         ("dot16_f16", jnp.float16)):
         out[name] = ((lambda d: lambda x16, w16: dot_as(x16, w16, d))(dtype), (x16, w16), cb)

@@ -184,9 +184,7 @@ def forced_plan(m, k, n, kind, codebook=None):
     the ring and its stages are reused as soon as the rules allow; "wgmma_fused": with one
     K-split and the output transform in its epilogue; "decode_ring": the decode plan with its
     loads through a RING_SLOTS cp.async ring of at most 2-step chunks (MmaConfig.ring; where the
-    kernel's layout allows, else direct loads); "prefill" / "prefill_fold": the prefill plan
-    with the transform kernels around W_hat / the rotations folded into the weight, at any m
-    (auto picks by plans.prefill_folds)."""
+    kernel's layout allows, else direct loads); "prefill": the prefill plan at any m."""
     if kind == "wgmma_tight":
         from exl3_jax.ffi.trellis_wgmma import MIN_WEIGHT_RING
         return dataclasses.replace(tg.plan_for_shape(m, k, n, force="wgmma"), splits=1,
@@ -197,9 +195,6 @@ def forced_plan(m, k, n, kind, codebook=None):
     if kind == "decode_ring":
         plan = tg.plan_for_shape(m, k, n, force="decode", codebook=codebook)
         return dataclasses.replace(plan, ring=RING_SLOTS, unroll=min(plan.unroll, 2))
-    if kind in ("prefill", "prefill_fold"):
-        return dataclasses.replace(tg.plan_for_shape(m, k, n, force="prefill"),
-                                   fold_rotations=kind == "prefill_fold")
     return tg.plan_for_shape(m, k, n, force=kind, codebook=codebook)
 
 
@@ -217,10 +212,10 @@ def check_gemm(cb, K, k, n, ms, kinds=None):
     from exl3_jax.ffi.aot import device_arch
     hopper = device_arch() == "sm_90a"
     cases = [(m, kind) for m in ms
-             for kind in (("decode", "decode_ring", "prefill", "prefill_fold")
+             for kind in (("decode", "decode_ring", "prefill")
                           + (("wgmma",) if hopper else ())
                           if m <= 32 else
-                          ("tiles", "prefill", "prefill_fold") + (
+                          ("tiles", "prefill") + (
                               ("wgmma", "wgmma_tight", "wgmma_fused") if hopper else ()))
              if kinds is None or kind.split("_")[0] in kinds or kind in kinds]
     plans = [forced_plan(m, k, n, kind, cb) for m, kind in cases]
@@ -624,7 +619,7 @@ def run_memcheck(kind: str) -> int:
     bad = 0
     # decode: m = 5 and 1; the token-tile plans: two token tiles (a padded one included)
     runs = {"decode": [(5, "decode"), (1, "decode"), (5, "decode_ring"), (1, "decode_ring")],
-            "prefill": [(40, "prefill"), (40, "prefill_fold")],
+            "prefill": [(40, "prefill")],
             "tiles": [(200, "tiles")],
             "wgmma": [(200, "wgmma"), (200, "wgmma_tight"), (200, "wgmma_fused")]}[kind]
     for m, variant in runs:

@@ -74,11 +74,10 @@ def test_manifest_and_artifacts(aot_dir, monkeypatch):
             ((r["m"], K_IN), jnp.float16), ((K_IN // 16, N_OUT // 16, 16 * RATE), jnp.int16),
             ((K_IN,), jnp.float16), ((N_OUT,), jnp.float16)]
         assert [(a.shape, a.dtype) for a in exp.out_avals] == [((r["m"], N_OUT), jnp.float32)]
-        # had_in, GEMM (wgmma), had_out; the prefill plan of this small weight folds the
-        # rotations (dequantize only: XLA's dot is no custom call); one token: the row linear
-        # (ffi/trellis_linear.py), one call
-        calls = 3 if r["plan"]["kind"] == "wgmma" else 1
-        assert r["plan"]["fold_rotations"]
+        # had_in, GEMM (wgmma), had_out; the prefill plan: the dequantize kernel alone (the
+        # rotations folded into the weight; XLA's dot is no custom call); one token: the row
+        # linear (ffi/trellis_linear.py), one call
+        calls = {"wgmma": 3, "prefill": 1, "decode": 1}[r["plan"]["kind"]]
         assert exp.mlir_module().count(aot.CUSTOM_CALL_PREFIX) == calls
 
 

@@ -70,7 +70,7 @@ def test_gpu_validation_passes_on_the_emulated_kernels(validation_reports):
         assert row["token_tiles_bit_exact"] and row["wgmma_mismatches"] == 0, row
     gemm = sections["gemm"]["result"]
     kinds = {r["plan"] for r in gemm}
-    assert {"decode", "decode_ring", "prefill", "prefill_fold", "tiles", "wgmma",
+    assert {"decode", "decode_ring", "prefill", "tiles", "wgmma",
             "wgmma_tight", "wgmma_fused"} <= kinds, kinds
     assert [r for r in gemm if not r["ok"]] == []
     for name in ("group", "row_linear", "dispatch", "row_scale"):

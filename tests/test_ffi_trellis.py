@@ -120,21 +120,6 @@ def test_fragment_pairs_follow_the_tile_permutation():
 # --- plans ---------------------------------------------------------------------------------
 
 
-def test_prefill_fold_rule_matches_the_h100_ab():
-    # Session 30's A/B on the H100 (fold vs transform kernels, K4 mcg): folding won or tied at
-    # every m from 256 on the shapes up to 58.7 M weights, and lost on 8192x28672 below ~1900
-    # rows (+44% at 256, +22% at 512, +9% at 1024, +2% at 1536) while winning at 4096 (-7%).
-    for k, n in ((2048, 768), (4096, 4096)):
-        assert all(plans.prefill_folds(m, k, n) for m in (33, 129, 256, 512, 1536, 4096))
-    for k, n in ((4096, 14336), (14336, 4096)):
-        assert all(plans.prefill_folds(m, k, n) for m in (256, 512, 1024, 1536, 2048, 4096))
-    assert not any(plans.prefill_folds(m, 8192, 28672) for m in (129, 256, 512, 1024, 1536))
-    assert all(plans.prefill_folds(m, 8192, 28672) for m in (2048, 4096))
-    # larger weights need more rows (the transforms' cost grows with m, the folding's not)
-    assert not plans.prefill_folds(2048, 16384, 53248)
-    assert plans.prefill_folds(8192, 16384, 53248)
-
-
 @pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 8192), (8192, 28672), (2048, 768),
                                  (128, 128)])
 @pytest.mark.parametrize("hopper", [False, True])
@@ -156,8 +141,7 @@ def test_plan_selection(k, n, hopper):
         if hopper and m <= wgmma_max:
             assert p == plans.select_plan(m, k, n, force="wgmma")
             continue
-        # the dequantize grid is fixed; where the rotations go is prefill_folds' choice
-        assert p == plans.TrellisPlan("prefill", m, fold_rotations=plans.prefill_folds(m, k, n))
+        assert p == plans.TrellisPlan("prefill", m)     # nothing to choose: one form
     # Static and deterministic: a decode loop at fixed m always gets the same plan (no
     # recompiles), and m = 2..8 share one binary (the kernel config does not contain m; m = 1
     # has its own one-token layout, and above ROW_LINEAR_MAX_WEIGHTS its own ring plan).
@@ -335,19 +319,6 @@ def test_plan_forcing_and_errors(monkeypatch):
     w = random_weight(np.random.default_rng(0), 256, 256, 3, "mcg")
     monkeypatch.setenv(tg.PLAN_ENV, "prefill")
     assert tg.plan_for(4, w).kind == "prefill"
-    # the prefill plan's rotations: folded where prefill_folds says (a small weight: always;
-    # with the transforms' fixed cost taken away, from enough rows), forced either way by the env
-    assert tg.plan_for(4, w).fold_rotations
-    monkeypatch.setattr(plans, "FOLD_FREE_WEIGHTS", 0)
-    assert not tg.plan_for(4, w).fold_rotations and tg.plan_for(2048, w).fold_rotations
-    monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "1")
-    assert tg.plan_for(4, w).fold_rotations
-    monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "0")
-    assert not tg.plan_for(4096, w).fold_rotations
-    monkeypatch.setenv(tg.PREFILL_FOLD_ENV, "yes")
-    with pytest.raises(ValueError, match="EXL3_JAX_PREFILL_FOLD must be 0 or 1"):
-        tg.plan_for(4, w)
-    monkeypatch.delenv(tg.PREFILL_FOLD_ENV)
     monkeypatch.setenv(tg.PLAN_ENV, "auto")
     assert tg.plan_for(4, w).kind == "decode"
     # the decode kernel's cp.async ring: slots, unroll, splits (0: the plan's), register cap
@@ -1139,9 +1110,8 @@ def test_trellis_words_is_the_spec_pairing(rng):
 
 # Every template parameter value at least once per arch: each rate K (2..8, 2.5, 3.5), each
 # codebook, both plan kinds, each decode token tile (m_tile 8 / 16 / 24 / 32), each load unroll
-# (1 / 2 / 4 / 8) and K-splits > 1 (the last two cases; the plan picks them from the shape),
-# and both forms of the prefill plan (256x256: the rotations folded into the weight; 8192x28672
-# below ~1900 rows: W_hat and the transform kernels; plans.prefill_folds).
+# (1 / 2 / 4 / 8) and K-splits > 1 (the last two cases; the plan picks them from the shape);
+# the dequantize kernel's other form (rotation off, W_hat) in test_compile_only_other_forms.
 COMPILE_CASES = [
     ("3inst", 2, 1, "decode"), ("mcg", 3, 16, "decode"), ("mul1", 4, 32, "decode"),
     ("mcg", 5, 7, "decode"), ("3inst", 6, 40, "prefill", 8192, 28672), ("mul1", 7, 2, "decode"),
@@ -1170,23 +1140,25 @@ def test_compile_cases_cover_the_plan_parameters():
     assert {p.ring for p in dec} == {0, plans.RING_SLOTS}
     assert {c[1] for c in COMPILE_CASES} == {2, 2.5, 3, 3.5, 4, 5, 6, 7, 8}
     assert {c[0] for c in COMPILE_CASES} == {"3inst", "mcg", "mul1"}
-    assert {p.fold_rotations for p in seen if p.kind == "prefill"} == {False, True}
 
 
-# The mul1 decode kernels' other form (EXL3_JAX_MUL1_BYTESUM, trellis_gemm.MUL1_BYTESUM_ENV):
-# one token through the ring, one token group's and three token groups' direct loads, a half
-# rate; no spills.
-BYTESUM_COMPILE_CASES = [("mul1", 4, 1, "decode", 8192, 8320), ("mul1", 3, 24, "decode"),
-                         ("mul1", 2.5, 7, "decode")]
+# The kernels' other forms, in one process: the mul1 decode kernels' (EXL3_JAX_MUL1_BYTESUM,
+# trellis_gemm.MUL1_BYTESUM_ENV: one token through the ring, one token group's and three token
+# groups' direct loads, a half rate) and, with the jnp transforms (EXL3_JAX_TRANSFORMS=xla),
+# the dequantize kernel with its rotation off (W_hat: the transforms' prefill path and the GPU
+# validation's decode check); no spills.
+OTHER_FORM_CASES = [("mul1", 4, 1, "decode", 8192, 8320), ("mul1", 3, 24, "decode"),
+                    ("mul1", 2.5, 7, "decode"), ("mcg", 4, 40, "prefill")]
 
 
 @needs_cutlass
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-def test_compile_only_mul1_bytesum(arch, tmp_path):
+def test_compile_only_other_forms(arch, tmp_path):
     other = "0" if tg._mul1_bytesum() else "1"
     env = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path),
-           tg.MUL1_BYTESUM_ENV: other}
-    check_rows("exl3_jax.ffi.aot", BYTESUM_COMPILE_CASES, arch, timeout=600, env=env)
+           tg.MUL1_BYTESUM_ENV: other, tg.TRANSFORMS_ENV: "xla"}
+    rows = check_rows("exl3_jax.ffi.aot", OTHER_FORM_CASES, arch, timeout=600, env=env)
+    assert rows[-1]["kernels"] == ["_trellis_dequant_kernel"], rows[-1]
     if helpers_sass.nvdisasm() is not None:
         assert helpers_sass.spilling_cubins(tmp_path) == {}
 
@@ -1195,11 +1167,10 @@ def test_compile_only_mul1_bytesum(arch, tmp_path):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_compile_only(arch, tmp_path):
     # had_in, GEMM kernel, had_out; one token up to ROW_LINEAR_MAX_WEIGHTS (each case has a
-    # row tiling): the row linear's one call of two kernels; prefill where it folds: the
-    # dequantize kernel alone (the rotations are in the weight it writes, XLA runs the dot),
-    # elsewhere: had_in, the dequantize kernel (W_hat), had_out. No kernel spills registers to
-    # local memory (a register cap or a layout change that does is a slowdown no other CPU
-    # check shows).
+    # row tiling): the row linear's one call of two kernels; prefill: the dequantize kernel
+    # alone (the rotations are in the weight it writes, XLA runs the dot). No kernel spills
+    # registers to local memory (a register cap or a layout change that does is a slowdown no
+    # other CPU check shows).
     from exl3_jax.ffi.trellis_linear import row_plan
     keep = {"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path)}
     rows = check_rows("exl3_jax.ffi.aot", COMPILE_CASES, arch, timeout=900, env=keep)
@@ -1211,13 +1182,12 @@ def test_compile_only(arch, tmp_path):
         one = (row["m"] == 1 and row["plan"] == "decode"
                and row["k"] * row["n"] <= plans.ROW_LINEAR_MAX_WEIGHTS)
         assert not one or row_plan(row["codebook"], row["K"], row["k"], row["n"], members)
-        folded = row["plan"] == "prefill" and plans.prefill_folds(row["m"], row["k"], row["n"])
-        assert row["custom_call"] and row["calls"] == (1 if one or folded else 3), row
+        prefill = row["plan"] == "prefill"
+        assert row["custom_call"] and row["calls"] == (1 if one or prefill else 3), row
         if one:
             assert row["kernels"] == ["_hadamard_out_kernel", "_row_gemm_kernel"], row
-        if row["plan"] == "prefill":
-            assert "_trellis_dequant_kernel" in row["kernels"], row
-            assert folded == (row["kernels"] == ["_trellis_dequant_kernel"]), row
+        if prefill:
+            assert row["kernels"] == ["_trellis_dequant_kernel"], row
 
 
 @needs_cutlass
@@ -1441,15 +1411,34 @@ def test_bench_timer_and_weights():
     w = jnp.ones((128, 128), jnp.bfloat16)
     t = bench.time_in_loop(lambda x, w: jnp.dot(x, w), (x, w), iters=16, reps=1)
     assert 0 < t < 1.0
-    # L2-cold timing: the calls cycle through distinct copies of the weights (a pytree too)
-    seen = []
-    spy = lambda x, w: (seen.append(id(w)), jnp.dot(x, w.trellis))[1]     # noqa: E731
+    # L2-cold timing: the calls cycle through distinct copies of the weights (a pytree too):
+    # each unrolled call's barrier takes the loop argument of copy j % 4 (the jaxpr of the loop
+    # loop_timer compiles, its copies captured)
+    dot = lambda x, w: jnp.dot(x, w.trellis)                             # noqa: E731
     wt = bench.random_weight(128, 128, 4, "mcg")
     wt = type(wt)(jnp.ones((128, 128), jnp.bfloat16), wt.suh, wt.svh, None, "mcg", 4, 128, 128)
-    assert 0 < bench.time_in_loop(spy, (x, wt), iters=16, reps=1, copies=4) < 1.0
-    assert len(set(seen)) == 4                 # traced once per unrolled call, 4 distinct copies
+    loops = []
+    real = bench.timing_loop
+
+    def capture(op, trips, unroll, copies):
+        loop = real(op, trips, unroll, copies)
+        return lambda x, rests: (loops.append((loop, x, rests)), loop(x, rests))[1]
+    bench.timing_loop = capture
+    try:
+        assert 0 < bench.time_in_loop(dot, (x, wt), iters=16, reps=1, copies=4) < 1.0
+    finally:
+        bench.timing_loop = real
+    loop, x0, rests = loops[0]
+    assert len(rests) == 4 and len({r[0].trellis.unsafe_buffer_pointer() for r in rests}) == 4
+    outer = jax.make_jaxpr(loop)(x0, rests).jaxpr.eqns[0].params["jaxpr"].jaxpr
+    scan = next(e for e in outer.eqns if e.primitive.name in ("scan", "while"))
+    body = (scan.params.get("jaxpr") or scan.params["body_jaxpr"]).jaxpr
+    leaves = len(jax.tree_util.tree_leaves(rests[0]))
+    firsts = [outer.invars.index(scan.invars[body.invars.index(e.invars[1])])
+              for e in body.eqns if e.primitive.name == "optimization_barrier"]
+    assert firsts == [1 + leaves * (j % 4) for j in range(8)], firsts
     with pytest.raises(ValueError, match="must divide unroll"):
-        bench.time_in_loop(spy, (x, wt), iters=16, copies=3)
+        bench.time_in_loop(dot, (x, wt), iters=16, copies=3)
     l2 = bench.L2_BYTES
     assert [bench.cold_copies(b) for b in (3 * l2, 2 * l2, l2, l2 // 2, 1)] == [1, 2, 4, 8, 8]
     assert (bench.weight_copies(l2, "cold"), bench.weight_copies(l2, "warm")) == (4, 1)
@@ -1498,11 +1487,14 @@ def test_loop_timer_compiles_once_and_times_again():
     assert all(0 < timer() < 1.0 for _ in range(3)) and len(traced) == n_traced
 
 
-def test_timing_loop_keeps_the_route_packing_inside():
-    # XLA hoists work that depends only on the loop's arguments out of the while loop: a MoE
-    # layer's route packing with fixed ids would go uncounted. routes_of_call ties the ids to
-    # the chained x, so the packing's scatter stays in the loop body (per-route plans, with no
-    # packing ops, keep their ids as they are).
+def test_timing_loop_keeps_work_on_fixed_arguments_inside():
+    # XLA hoists work that depends only on loop-invariant values out of the while loop: a
+    # dequantize of the weights alone (the prefill plan's W_hat form until session 39) or a
+    # MoE layer's route packing with fixed ids would go uncounted. timing_loop passes each
+    # call's arguments after x through an optimization barrier with the chain's scalar, so
+    # work on them stays in the loop body; ids an op closes over (the MoE validation's
+    # profiles) are tied to the chained x by routes_of_call (per-route plans, with no packing
+    # ops, keep their ids as they are).
     import re
 
     from exl3_jax.ffi import bench
@@ -1514,15 +1506,25 @@ def test_timing_loop_keeps_the_route_packing_inside():
     per_route = moe_plan(1, 2, 64, 256, 256)
     assert (sorted_plan.packing, per_route.packing) == ("sorted", "per_route")
 
-    def body_ops(plan):
-        def op(x, ids):
-            pr = pack_routes(bench.routes_of_call(x, ids, plan), 16, 16)
-            return x * pr.row_token[0].astype(x.dtype)
-        hlo = bench.timing_loop(op, 2, 2, 1).lower(x, [(ids,)]).compile().as_text()
+    def body_ops(op, rests):
+        hlo = bench.timing_loop(op, 2, 2, 1).lower(x, rests).compile().as_text()
         body = re.search(r"body=(%[\w.\-]+)", hlo).group(1)
         return re.search(re.escape(body) + r" [^\n]*\{\n(.*?)\n\}", hlo, re.S).group(1)
-    assert "scatter" in body_ops(sorted_plan) and "scatter" in body_ops(None)
-    assert "scatter" not in body_ops(per_route)     # ids as they are: XLA hoists the packing
+
+    def packed(x, ids):
+        return x * pack_routes(ids, 16, 16).row_token[0].astype(x.dtype)
+
+    def weight_only(x, w):                      # a transform of the weight alone, then a dot
+        return x @ jnp.cos(w)
+    w = jnp.ones((32, 8), jnp.float32)
+    assert "cosine" in body_ops(weight_only, [(w,)])
+    assert "cosine" not in body_ops(lambda x: x @ jnp.cos(w), [()])   # closed over: hoisted
+    assert "scatter" in body_ops(packed, [(ids,)])
+    for plan in (sorted_plan, None):
+        assert "scatter" in body_ops(lambda x: packed(x, bench.routes_of_call(x, ids, plan)),
+                                     [()])
+    assert "scatter" not in body_ops(lambda x: packed(x, bench.routes_of_call(x, ids, per_route)),
+                                     [()])
     assert bench.routes_of_call(x, ids, per_route) is ids
 
 
@@ -1533,10 +1535,10 @@ def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
     from exl3_jax.ffi import bench
     from exl3_jax.ffi import trellis_moe as tm
     monkeypatch.setattr(bench, "MOE_GEOMETRIES", {"tiny": (256, 128, 16, 2)})
-    seen = []
+    seen = set()
 
-    def fake_moe(x, ids, w, a, b, fused=True):
-        seen.append(ids)
+    def fake_moe(x, ids, w, a, b, fused=True):      # records each call's routing as it runs
+        jax.debug.callback(lambda v: seen.add(np.asarray(v).tobytes()), ids)
         return x.astype(jnp.float32) * jnp.sum(ids).astype(jnp.float32)
     monkeypatch.setattr(tm, "moe_gpu", fake_moe)
     ids = jnp.asarray([[3, 15], [0, 7]], jnp.int32)
@@ -1548,7 +1550,7 @@ def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
         rows = bench.bench_moe(ms=[2], K=4, l2=l2, log=lambda *_: None)
         assert [(r["l2"], r["m"]) for r in rows] == [(l2, 2)] and rows[0]["us"] > 0
         assert rows[0]["ragged_us"] > 0 and "error" not in rows[0], rows[0]
-        assert len({id(t) for t in seen}) == distinct       # one tracer per routing
+        assert len(seen) == distinct                        # the routings the calls ran
         assert rows[0]["packing"] == "per_route" and rows[0]["pack_us"] == 0.0, rows[0]
     # A sorted plan's packing timed alone (XLA's here: the kernel needs a GPU)
     monkeypatch.setenv(tm.PACK_ENV, "xla")

@@ -13,11 +13,11 @@ Plan kinds:
   * "wgmma" (Hopper, WGMMA_MIN_M <= m <= WGMMA_MAX_M, or WGMMA_WIDE_MAX_M for weights up to
     WGMMA_WIDE_MAX_WEIGHTS): the same decode-once-per-token-tile scheme on the warpgroup MMA
     (ffi/trellis_wgmma.py), token tiles of 32-256.
-  * "prefill" (m > DECODE_MAX_M, and past the wgmma range on Hopper): the dequantize kernel writes
-    the layer's weight (fp16; the rotations folded in where prefill_folds says, else the
-    transform kernels around the dot) and XLA runs the GEMM. At
-    m >= 1024 it beat the token-tile kernels on the H200 (0.7x bf16 against 0.4-0.5x, with the
-    transforms still separate; bench/NOTES.md, session 20).
+  * "prefill" (m > DECODE_MAX_M, and past the wgmma range on Hopper): the dequantize kernel
+    writes the layer's weight (fp16, the rotations folded in) and XLA runs the GEMM on
+    fp16(x / s). At m >= 1024 it beat the token-tile kernels on the H200
+    (0.7x bf16 against 0.4-0.5x, with the transforms still separate; bench/NOTES.md, session
+    20).
 """
 
 from __future__ import annotations
@@ -52,19 +52,6 @@ WGMMA_WIDE_MAX_M, WGMMA_WIDE_MAX_WEIGHTS = 256, 128 << 20
 ROW_LINEAR_MAX_WEIGHTS = 1 << 26
 RING_SLOTS, RING_UNROLL = 3, 8
 RING_CTAS_PER_SM = 3       # the ring's resident CTAs at K4 (60 KB of shared memory each)
-# The prefill plan folds the rotations into the dequantized weight where that costs less than
-# the transform kernels around the dot (prefill_folds). Fitted on the H100 (session 30: fold vs
-# transforms at m = 256..4096 on five shapes, 1.6 M to 235 M weights, K4 mcg; K3 and mul1 at
-# 8192x28672 alike): folding adds ~0.84 ns per weight to the dequantize kernel, the transforms
-# cost ~40 us of launches and passes plus ~2.3 ps per row element, m x (k + n). In weights:
-# fold when k * n <= FOLD_FREE_WEIGHTS + FOLD_WEIGHTS_PER_ROW_ELEMENT * m * (k + n), so up to
-# 50 M weights always, 4096x14336 from m ~ 170 (-1 to -21% at m = 256..4096), 8192x28672 from
-# m ~ 1800 (+44% at m = 256, +9% at 1024, +2% at 1536, within 2% at 2048, -7% at 4096).
-# Not refitted since the output transform's 16-byte accesses (session 38: ~0.75 ps per row
-# element less, so ~2.0 here); that moves no decision at m = 128, 256, 1024 or 4096 on the
-# issue's two large shapes.
-FOLD_FREE_WEIGHTS = 50_000_000
-FOLD_WEIGHTS_PER_ROW_ELEMENT = 2.75
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +71,6 @@ class TrellisPlan:
     # kernel's default)
     fused_out: bool = False
     weight_ring: int = 0
-    # prefill: the dequantize kernel folds the rotations into the weight it writes (one XLA dot,
-    # no transform kernels); False: it writes W_hat and the transform kernels run around the
-    # dot (prefill_folds)
-    fold_rotations: bool = True
 
 
 def _divisors(x: int) -> list[int]:
@@ -158,21 +141,11 @@ def _ring_plan(k16: int, warps: int, ctas: int, sms: int) -> int | None:
     return next((s for s in allowed if ctas * s >= 2 * RING_CTAS_PER_SM * sms), allowed[-1])
 
 
-def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS,
-                 fold_rotations: bool | None = None) -> TrellisPlan:
-    """Dequantize + XLA dot plan (any m; used for m > 32). The dequantize kernel's grid is
-    fixed (one CTA per 128 x 128 block, ffi/trellis_dequant.py); the one choice is where the
-    rotations go (``fold_rotations``, by default prefill_folds)."""
-    if fold_rotations is None:
-        fold_rotations = prefill_folds(m, k, n)
-    return TrellisPlan("prefill", m, fold_rotations=fold_rotations)
-
-
-def prefill_folds(m: int, k: int, n: int) -> bool:
-    """Whether the prefill plan folds the rotations into the [k, n] weight for m rows: where
-    the folding's cost (per weight) is below the transform kernels' (fixed, plus per row
-    element); constants and measurements at FOLD_FREE_WEIGHTS."""
-    return k * n <= FOLD_FREE_WEIGHTS + FOLD_WEIGHTS_PER_ROW_ELEMENT * m * (k + n)
+def prefill_plan(m: int, k: int, n: int, *, sms: int = DEFAULT_SMS) -> TrellisPlan:
+    """Dequantize + XLA dot plan (any m; used for m > 32). Nothing to choose:
+    the dequantize kernel's grid is fixed (one CTA per 128 x 128 block,
+    ffi/trellis_dequant.py) and XLA tiles the dot."""
+    return TrellisPlan("prefill", m)
 
 
 def _token_tile_splits(m: int, k16: int, n16: int, m_tile: int, chunk: int, ctas: int,
