@@ -7,23 +7,11 @@
 # launches printed) in this tree and in s38, then the new dequantize kernel's own profile.
 # Predictions: the new dequantize kernel takes ~300+ us at 8192x28672 (the W_hat kernel ~204,
 # call 72); the x pass (reduction + input transform) under 30 us at m = 256.
-CALL=call83
-ncu_op() {   # TAG K N M
-  XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 100 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv python3 $ROOT/scripts/gpu_probe_linear.py run --k $2 --n $3 --K 4 --codebook mcg --m $4 --calls 4 > $RES/$1.csv 2> $RES/$1.err
-  t "ncu $1 rc=$?"; python3 - $RES/$1.csv <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value"); ui = hdr.index("Metric Unit")
-print(len(rows) - 1, "launches profiled; the last 8 (the last op call's):")
-for r in rows[-8:]:
-    print(f"{r[vi]:>12} {r[ui]:<6} {r[ki][:100]}")
-PY
-  save
-}
+CALL=call83   # ncu_op: pre.sh (this call's own copy printed nothing: the same header bug)
 for T in here s38; do
   tree $T
-  ncu_op 83_${T}_8192_256 8192 28672 256
-  ncu_op 83_${T}_4096_1024 4096 14336 1024
+  XLA_FLAGS=--xla_gpu_autotune_level=0 ncu_op 83_${T}_8192_256 8192 28672 256
+  XLA_FLAGS=--xla_gpu_autotune_level=0 ncu_op 83_${T}_4096_1024 4096 14336 1024
 done
 tree here
 EXL3_JAX_PLAN=prefill NCU_TOP=25 ncu_kernel 83_dequant dequant --k 8192 --n 28672 --K 4 --codebook mcg --m 256 --calls 3

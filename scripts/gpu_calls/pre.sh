@@ -64,6 +64,24 @@ ncu_kernel() {
     python3 scripts/ncu_source_summary.py $RES/${tag}_sass.csv --top ${NCU_TOP:-30} > $RES/${tag}_summary.txt 2>&1
     head -c 5000 $RES/${tag}_summary.txt; rm -f $RES/${tag}_sass.csv; save
 }
+# `ncu_op TAG K N M`: gpu__time_duration of every launch of NCU_CALLS (default 4) calls of the
+# K4 mcg linear's op (`scripts/gpu_probe_linear.py run`, the plan auto picks or $EXL3_JAX_PLAN)
+# under ncu; the last NCU_LAST (default 8) launches printed, the CSV in $RES/TAG.csv. Callers
+# set XLA_FLAGS=--xla_gpu_autotune_level=0 to keep the GEMM autotuner's launches out.
+ncu_op() {
+  timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv python3 $ROOT/scripts/gpu_probe_linear.py run --k $2 --n $3 --K 4 --codebook mcg --m $4 --calls ${NCU_CALLS:-4} > $RES/$1.csv 2> $RES/$1.err
+  t "ncu $1 rc=$?"; python3 - $RES/$1.csv ${NCU_LAST:-8} <<'PY'
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))   # after the program's own lines
+rows = list(csv.reader(lines[start:]))
+ki, vi, ui = (rows[0].index(h) for h in ("Kernel Name", "Metric Value", "Metric Unit"))
+print(len(rows) - 1, f"launches profiled; the last {sys.argv[2]} (the last op calls'):")
+for r in rows[-int(sys.argv[2]):]:
+    print(f"{r[vi]:>12} {r[ui]:<6} {r[ki][:100]}")
+PY
+  save
+}
 # The timing steps the calls share: `bench_linear TREE TAG SECONDS` (the issue's two large shapes,
 # K 3 and 4, both codebooks, m 1 / 4 / 16) and `bench_moe TREE TAG SECONDS` (the Qwen3 layer,
 # m 1..8), in tree TREE, results $RES/TAG.{json,log}.
