@@ -6,9 +6,10 @@ next to a bf16 jnp.dot of the same shape traced the same way.
       [--plans prefill,wgmma] [--K 4] [--codebook mcg] [--calls 20] [--out prof.json]
 
 Each (shape, m, plan) runs ``--calls`` calls of trellis_matmul_gpu with that plan forced (bf16
-activations, as in a model) inside one jitted fori_loop, after a warm-up, under the profiler; the
-kernel times of the trace divided by the calls give microseconds per call for every kernel
-name (kernel_times of gpu_profile_decode.py: GPU stream lines only). The sum is the linear's
+activations, as in a model) in bench's timing loop (ffi.bench.timing_loop: calls chained
+through x, the weight a loop argument that XLA cannot hoist work on), after a warm-up, under
+the profiler; the kernel times of the trace divided by the calls give microseconds per call
+for every kernel name (kernel_times of gpu_profile_decode.py: GPU stream lines only). The sum is the linear's
 GPU time without launch gaps; comparing it with `bench linear`'s time shows the gaps.
 Why: the prefill plan's overhead over the bf16 dot (0.69-0.73x at m >= 1024, bench/NOTES.md)
 is a sum of kernels whose shares decide between folding the rotations into the dequantized
@@ -34,21 +35,18 @@ from exl3_jax.ffi import bench as gb
 from exl3_jax.ffi import trellis_gemm as tg
 
 
-def looped(op, calls: int):
-    """x -> x after ``calls`` calls of op chained through x (x + 0 * y keeps each call live and
-    in order; XLA cannot drop or reorder them)."""
-    def body(_, x):
-        y = op(x)
-        return x + (0 * y[..., :1]).astype(x.dtype)
-    return jax.jit(lambda x: jax.lax.fori_loop(0, calls, body, x))
+UNROLL = 4      # calls per timing-loop trip (--calls is a multiple of it)
 
 
-def profile(fn, x, calls: int) -> dict:
-    """Microseconds per call by kernel name of ``fn`` (looped) on x."""
-    jax.block_until_ready(fn(x))                       # compile + warm up
+def profile(op, args, calls: int) -> dict:
+    """Microseconds per call by kernel name of op(*args) in ``calls`` chained calls (bench's
+    timing loop, one weight copy)."""
+    loop = gb.timing_loop(op, calls // UNROLL, UNROLL, 1)
+    rests = [tuple(args[1:])]
+    jax.block_until_ready(loop(args[0], rests))        # compile + warm up
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
-        jax.block_until_ready(fn(x))
+        jax.block_until_ready(loop(args[0], rests))
         jax.profiler.stop_trace()
         _, by_name, _ = kernel_times(d)
     per = {k: round(v / calls / 1e3, 2) for k, v in by_name.items()}
@@ -66,6 +64,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                  "gpu_profile_linear.json"))
     a = p.parse_args(argv)
+    if a.calls % UNROLL:
+        p.error(f"--calls must be a multiple of {UNROLL}, got {a.calls}")
     K = float(a.K) if "." in a.K else int(a.K)
     result = {"benchmark": "GPU kernel time per call of one linear (JAX profiler trace)",
               **run_metadata(__file__, argv), "device": jax.devices()[0].device_kind,
@@ -76,14 +76,14 @@ def main(argv=None) -> int:
         wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02, jnp.bfloat16)
         for m in (int(v) for v in a.m.split(",")):
             x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.bfloat16)
-            runs = [("bf16", lambda x: jnp.dot(x, wb))] + [
-                (plan, lambda x, plan=plan: tg.trellis_matmul_gpu(x, w, plan=plan))
+            runs = [("bf16", lambda x, wb: jnp.dot(x, wb), (x, wb))] + [
+                (plan, lambda x, w, plan=plan: tg.trellis_matmul_gpu(x, w, plan=plan), (x, w))
                 for plan in a.plans.split(",")]
-            for plan, op in runs:
+            for plan, op, args in runs:
                 t0 = time.time()
                 row = {"k": k, "n": n, "m": m, "K": K, "codebook": a.codebook, "plan": plan}
                 try:
-                    kernels = profile(looped(op, a.calls), x, a.calls)
+                    kernels = profile(op, args, a.calls)
                     row.update(kernel_us=round(sum(kernels.values()), 2), kernels=kernels)
                 except Exception as e:      # record and go on
                     row["error"] = f"{type(e).__name__}: {e}"[:2000]
