@@ -334,9 +334,10 @@ def ragged_moe_baseline(x, ids, weights, wg, wu, wd):
 
 def routes_of_call(x, ids, plan=None):
     """ids as a value of the loop's chained x (unchanged: x is never NaN there). In a model the
-    router computes each layer's ids, so its route packing is part of the layer; with ids
-    that only depend on the loop's arguments XLA hoists the packing out of time_in_loop's loop
-    as invariant work (bench moe's layer times up to session 32 left it out that way).
+    router computes each layer's ids, so its route packing is part of the layer; ids an op
+    closes over are constants of time_in_loop's loop, and XLA hoists the packing out of it as
+    invariant work (bench moe's layer times up to session 32 left it out that way). Ids passed
+    as loop arguments need no tie: timing_loop keeps them loop-variant.
     ``plan``: the layer's MoePlan; a per-route plan (no packing ops to hoist) gets ids as they
     are, so the select adds no kernel the model would not run."""
     if plan is not None and plan.packing == "per_route":
@@ -366,7 +367,8 @@ def packing_us(ids, num_experts: int, plan, iters: int = 64) -> float:
 def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s=None,
               baseline: bool = True, unfused: bool = False, log=print,
               l2: str = "cold") -> list[dict]:
-    """Microseconds per MoE layer (jitted loop; its route packing included, routes_of_call)
+    """Microseconds per MoE layer (jitted loop; its route packing included: the ids are loop
+    arguments, which timing_loop keeps loop-variant)
     for each geometry and token count m, with the touched experts' roofline (max of HBM time
     of their bytes and decode ALU time of their weights, anchors.md rates) and an unfused
     ragged_dot baseline in the same run. K: a rate, or a tuple of rates for a mixed-bitrate
@@ -433,8 +435,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
                        decode_floor_us=alu_us, mma_floor_us=mma_us, floor_us=floor_us)
             try:
                 row["us"] = 1e6 * time_in_loop(
-                    lambda x, i, w, e: layer(x, routes_of_call(x, i, plan), w, e),
-                    (x, ids, wts, experts), iters=iters, reps=3,
+                    layer, (x, ids, wts, experts), iters=iters, reps=3,
                     variants=[(i, wts, experts) for i in idv])
                 row["floor_ratio"] = row["us"] / floor_us
             except Exception as e:   # noqa: BLE001 -- record and continue
@@ -442,8 +443,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             if unfused and not tiers:   # the jnp-glue variant (8 launches + XLA)
                 try:
                     row["unfused_us"] = 1e6 * time_in_loop(
-                        lambda x, i, w, e: layer(x, routes_of_call(x, i, plan), w, e,
-                                                 fused=False),
+                        lambda x, i, w, e: layer(x, i, w, e, fused=False),
                         (x, ids, wts, experts), iters=iters, reps=3,
                         variants=[(i, wts, experts) for i in idv])
                 except Exception as e:   # noqa: BLE001
@@ -459,7 +459,7 @@ def bench_moe(geometries=None, ms=MOE_M, K=4, codebook: str = "mcg", *, budget_s
             if dense is not None:
                 try:
                     row["ragged_us"] = 1e6 * time_in_loop(
-                        lambda x, i, *r: ragged_moe_baseline(x, routes_of_call(x, i), *r),
+                        ragged_moe_baseline,
                         (x, ids, wts, *dense), iters=iters, reps=3,
                         variants=[(i, wts, *dense) for i in idv])
                     row["speedup_vs_ragged"] = row["ragged_us"] / row["us"]

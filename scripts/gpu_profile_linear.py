@@ -9,8 +9,9 @@ Each (shape, m, plan) runs ``--calls`` calls of trellis_matmul_gpu with that pla
 activations, as in a model) in bench's timing loop (ffi.bench.timing_loop: calls chained
 through x, the weight a loop argument that XLA cannot hoist work on), after a warm-up, under
 the profiler; the kernel times of the trace divided by the calls give microseconds per call
-for every kernel name (kernel_times of gpu_profile_decode.py: GPU stream lines only). The sum is the linear's
-GPU time without launch gaps; comparing it with `bench linear`'s time shows the gaps.
+for every kernel name (kernel_times of gpu_profile_decode.py: GPU stream lines only). The sum
+is the linear's GPU time without launch gaps; comparing it with `bench linear`'s time shows
+the gaps.
 Why: the prefill plan's overhead over the bf16 dot (0.69-0.73x at m >= 1024, bench/NOTES.md)
 is a sum of kernels whose shares decide between folding the rotations into the dequantized
 weight and decoding inside a wgmma GEMM.

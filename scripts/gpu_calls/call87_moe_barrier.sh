@@ -2,6 +2,8 @@
 # m = 1 / 2 / 4 / 8 with bench's timing-loop barrier (session 39) against main before it (tree
 # s38 = e16e6fc: no barrier), alternating, so later m = 1 numbers compare with the 24.7-25.4 us
 # of sessions 34-35 on an honest footing. Needs .device/s38.tar.xz (make_device_dir.sh).
+# Main's `bench moe` also passes its ids straight to the layer (s38 tied them to x through
+# routes_of_call: one select per call that a model does not run), so the A/B measures both.
 # Prediction: within +-1 us per row (the layer's custom calls read x; the barrier hoists nothing
 # there, and call 86 put its own cost at 0-2 us per call on ~25 us dense ops).
 CALL=call87
