@@ -117,17 +117,20 @@ def timing_loop(op, trips: int, unroll: int, copies: int):
     """time_in_loop's jitted loop (x, rests) -> float32 []: ``trips`` trips of ``unroll``
     chained calls op(x + 0 * previous output, *rests[j % copies]).
 
-    Each call's rest arguments pass through an optimization barrier together with the chain's
-    scalar, so XLA sees them as loop-variant: work on the weights alone (a dequantize launch
-    that reads no x) is not hoisted out of the loop, as a model's forward pays it on every
-    call. Without the barrier the prefill plan's W_hat dequantize (its transforms form, until
-    session 39) left the loop and its rows never paid the ~200 us it took at 8192x28672."""
+    Each call's rest arguments pass through an optimization barrier together with its chained
+    x, so XLA sees them as loop-variant: work on the weights alone (a dequantize launch that
+    reads no x) is not hoisted out of the loop, as a model's forward pays it on every call.
+    Without the barrier the prefill plan's W_hat dequantize (its transforms form, until
+    session 39) left the loop and its rows never paid the ~200 us it took at 8192x28672. The
+    barrier comes after the chain's add: placed on the chain's scalar, between y[0] and
+    x + 0 * y[0], it kept XLA from fusing the two into one kernel (call 88)."""
     @jax.jit
     def loop(x, rests):
         def trip(_, c):
             for j in range(unroll):
-                c, rest = lax.optimization_barrier((c, rests[j % copies]))
-                y = op(x + (c * 0).astype(x.dtype), *rest)
+                xj, rest = lax.optimization_barrier((x + (c * 0).astype(x.dtype),
+                                                     rests[j % copies]))
+                y = op(xj, *rest)
                 c = y.reshape(-1)[0].astype(jnp.float32)
             return c
         return lax.fori_loop(0, trips, trip, jnp.float32(0))

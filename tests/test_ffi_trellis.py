@@ -1413,7 +1413,7 @@ def test_bench_timer_and_weights(monkeypatch):
     assert 0 < t < 1.0
     # L2-cold timing: the calls cycle through distinct copies of the weights (a pytree too):
     # each unrolled call's barrier takes the loop argument of copy j % 4 (the jaxpr of the loop
-    # loop_timer compiles, its copies captured)
+    # loop_timer compiles, its copies captured) ...
     dot = lambda x, w: jnp.dot(x, w.trellis)                             # noqa: E731
     wt = bench.random_weight(128, 128, 4, "mcg")
     wt = type(wt)(jnp.ones((128, 128), jnp.bfloat16), wt.suh, wt.svh, None, "mcg", 4, 128, 128)
@@ -1431,9 +1431,14 @@ def test_bench_timer_and_weights(monkeypatch):
     scan = next(e for e in outer.eqns if e.primitive.name in ("scan", "while"))
     body = (scan.params.get("jaxpr") or scan.params["body_jaxpr"]).jaxpr
     leaves = len(jax.tree_util.tree_leaves(rests[0]))
-    firsts = [outer.invars.index(scan.invars[body.invars.index(e.invars[1])])
-              for e in body.eqns if e.primitive.name == "optimization_barrier"]
+    barriers = [e for e in body.eqns if e.primitive.name == "optimization_barrier"]
+    firsts = [outer.invars.index(scan.invars[body.invars.index(e.invars[1])]) for e in barriers]
     assert firsts == [1 + leaves * (j % 4) for j in range(8)], firsts
+    # ... together with the chained x, after the chain's add: a barrier between y[0] and
+    # x + 0 * y[0] keeps XLA from fusing them and costs each call one more kernel (call 88)
+    producer = {v: e for e in body.eqns for v in e.outvars}
+    assert all(producer[e.invars[0]].primitive.name == "add" for e in barriers)
+    assert all(e.invars[0].aval.shape == x0.shape for e in barriers)
     with pytest.raises(ValueError, match="must divide unroll"):
         bench.time_in_loop(dot, (x, wt), iters=16, copies=3)
     l2 = bench.L2_BYTES
@@ -1488,8 +1493,8 @@ def test_timing_loop_keeps_work_on_fixed_arguments_inside():
     # XLA hoists work that depends only on loop-invariant values out of the while loop: a
     # dequantize of the weights alone (the prefill plan's W_hat form until session 39) or a
     # MoE layer's route packing with fixed ids would go uncounted. timing_loop passes each
-    # call's arguments after x through an optimization barrier with the chain's scalar, so
-    # work on them stays in the loop body; ids an op closes over (the MoE validation's
+    # call's arguments after x through an optimization barrier with the chained x, so work on
+    # them stays in the loop body; ids an op closes over (the MoE validation's
     # profiles) are tied to the chained x by routes_of_call (per-route plans, with no packing
     # ops, keep their ids as they are).
     import re

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
@@ -83,3 +85,32 @@ def test_hlo_kernels_list_fusions_and_custom_calls_with_tuple_results():
     assert kernels_in_hlo(text) == [
         "custom-call:__cublas$lt$matmul (f32[4096,28672]{1,0}, s8[33554432]{0})",
         "fusion:kLoop f16[4096,8192]{1,0}"]
+
+
+def test_loop_probe_forms_and_counts():
+    # scripts/gpu_loop_probe.py's loop forms on XLA:CPU: each computes the chained calls'
+    # value, and only "none" (no barrier) lets XLA move the weight-only cosine out of the
+    # loop body; hlo_counts finds the body's instructions by computation.
+    import re
+
+    import jax.numpy as jnp
+    import numpy as np
+    import gpu_loop_probe as probe
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((1, 16)), jnp.float32)
+    rests = [(jnp.asarray(rng.standard_normal((16, 16)), jnp.float32),) for _ in range(2)]
+
+    def op(x, w):
+        return x @ jnp.cos(w)
+    want = np.asarray(x) @ np.cos(np.asarray(rests[1][0]))     # the last call reads copy 1
+    for form in ("call", "none", "trip", "after"):
+        loop = probe.loop_of(op, form, 2, 4, 2)
+        np.testing.assert_allclose(loop(x, rests), want[0, 0], rtol=1e-5)
+        text = loop.lower(x, rests).compile().as_text()
+        body = re.search(r"body=%?([\w.\-]+)", text).group(1)
+        counts = probe.hlo_counts(text)
+        assert counts[body], counts
+        in_body = re.search(r"%?" + re.escape(body) + r" [^\n]*\{\n(.*?)\n\}", text, re.S).group(1)
+        assert ("cosine" in in_body) == (form != "none"), form
+    with pytest.raises(ValueError, match="unknown loop form"):
+        probe.loop_of(op, "later", 2, 4, 2)
