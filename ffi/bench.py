@@ -137,14 +137,19 @@ def timing_loop(op, trips: int, unroll: int, copies: int):
     return loop
 
 
+def cycled_copies(rest: tuple, copies: int) -> list:
+    """[rest] and copies - 1 copies of it in distinct device buffers (any pytrees): the rest
+    arguments a timing loop's calls cycle through (time_in_loop's ``copies``)."""
+    return [rest] + [jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), rest)
+                     for _ in range(copies - 1)]
+
+
 def loop_timer(op, args, *, iters: int, reps: int = 3, unroll: int = 8, copies: int = 1,
                variants=None):
     """time_in_loop's loop, compiled and warmed up once: a callable that times it again on
     each call (seconds per op call, median of ``reps``), so that two sides can be timed in
     alternation without recompiling (bench's ``rounds``)."""
-    rests = variants or [args[1:]] + [
-        jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), args[1:])
-        for _ in range(copies - 1)]
+    rests = variants or cycled_copies(tuple(args[1:]), copies)
     copies = len(rests)
     if unroll % copies:
         raise ValueError(f"copies={copies} must divide unroll={unroll}")

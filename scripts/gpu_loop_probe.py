@@ -85,14 +85,6 @@ def hlo_counts(text: str) -> dict:
     return {k: dict(v) for k, v in out.items()}
 
 
-def _linear_rests(w):
-    """bench linear's cycled copies of weight w (a pytree): [(w,), (copy,), ...]."""
-    from exl3_jax.ffi import bench
-    copies = bench.weight_copies(w.nbytes, "cold")
-    return [(w,)] + [(jax.tree_util.tree_map(lambda a: jnp.array(a, copy=True), w),)
-                     for _ in range(copies - 1)]
-
-
 def build_op(tag: str):
     """(op, x, rests list, iters) of probed op ``tag`` (OPS), built as bench builds it."""
     from exl3_jax.ffi import bench
@@ -103,13 +95,13 @@ def build_op(tag: str):
     x = jnp.asarray(np.random.default_rng(2).standard_normal((m, k)), jnp.bfloat16)
     iters = bench.iters_for(m, k, n)
     if kind == "linear":
+        w = bench.random_weight(k, n, 4, "mcg")
         return (lambda x, w: tg.trellis_matmul_gpu(x, w), x,
-                _linear_rests(bench.random_weight(k, n, 4, "mcg")), iters)
+                bench.cycled_copies((w,), bench.weight_copies(w.nbytes, "cold")), iters)
     if kind == "bf16":
         wb = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)) * 0.02, jnp.bfloat16)
-        bc = bench.weight_copies(2 * k * n, "cold")
         return (lambda x, w: jnp.dot(x, w), x,
-                [(wb,)] + [(jnp.array(wb, copy=True),) for _ in range(bc - 1)], iters)
+                bench.cycled_copies((wb,), bench.weight_copies(2 * k * n, "cold")), iters)
     H, I, E, top_k = bench.MOE_GEOMETRIES["qwen3-30b-a3b"]
     experts = bench.random_moe_weights(H, I, E, 4, "mcg")
     ids, wts = bench.random_topk(m, E, top_k, seed=m)
