@@ -229,8 +229,7 @@ def bench(shapes, Ks, codebooks, ms, *, deadline: float | None = None, log=print
                                        iters=iters_for(m, k, n),
                                        copies=weight_copies(2 * k * n, l2))
             overhead_us[m] = loop_overhead_us(m, k)
-            log(f"{k:>6}x{n:<6} m={m:<5} bf16 {1e6 * bf16_timer[m]():9.1f} us  loop overhead "
-                f"{overhead_us[m]:6.1f} us")
+            log(f"{k:>6}x{n:<6} m={m:<5} loop overhead {overhead_us[m]:6.1f} us")
         for K in Ks:
             for cb in codebooks:
                 if not any((K, cb, m) in todo for m in ms):
