@@ -38,7 +38,11 @@ chaining saves 2.6-3.6 us per layer at one token (with and without XLA command b
 wait: +2-11 us), FC2's tiles decoded into shared memory before the wait (+2-10 us: FC2's
 CTAs fit only as FC1's leave), and the activation and combine in FC1's and FC2's tails behind
 arrival counters (session 15: neutral for Qwen3 at m = 1, +1.6 to +5 us for GLM-5.2 TP4 and
-GLM-4.5-Air: FC1 needed 79 registers instead of 64). Not built: the persistent cooperative kernel
+GLM-4.5-Air: FC1 needed 79 registers instead of 64), and the decode plans' FC1 with its warps
+side by side over n and the K-split across CTAs, so each CTA rotates only its split's part of
+the row (session 41: +1 to +12 us for Qwen3 at m = 1..8; the per-CTA rotation it removes is
+worth at most 2.2 us at m = 1, 5.2 at m = 4, but the activation then sums 8 splits for every
+packed row; scripts/gpu_calls/fc1_warps_over_n.patch). Not built: the persistent cooperative kernel
 with grid barriers of issue #6 (the phases stay separate kernels). Mixed-bitrate
 experts (``tiers``) share the same launches: one packing over the global expert ids, the glue
 kernels on rotation tables in global expert order, and grouped GEMMs that hold one k loop per tier
