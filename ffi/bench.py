@@ -156,15 +156,18 @@ def loop_timer(op, args, *, iters: int, reps: int = 3, unroll: int = 8, copies: 
     iters = max(unroll, iters // unroll * unroll)
     loop = timing_loop(op, iters // unroll, unroll, copies)
     jax.block_until_ready(loop(args[0], rests))          # compile + warm up
+    return lambda: median_run_seconds(lambda: loop(args[0], rests), reps) / iters
 
-    def seconds_per_call() -> float:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(loop(args[0], rests))
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) / iters
-    return seconds_per_call
+
+def median_run_seconds(run, reps: int = 3) -> float:
+    """Median wall seconds of ``reps`` runs of ``run()`` (a jitted loop's call), each to
+    completion (block_until_ready)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def time_in_loop(op, args, *, iters: int, reps: int = 3, unroll: int = 8,

@@ -12,7 +12,7 @@ in four forms:
         the chained x, x + 0 * c: after the chain's add, not between two ops XLA would fuse),
 writes each compiled module's text to OUT/<op>_<form>.hlo, prints per computation the counts of
 custom calls, fusions, copies and command buffers, and times the forms in alternation
-(``--rounds`` rounds of a median of 3 loop runs each).
+(``--rounds`` rounds of a median of 3 loop runs each, ffi.bench.median_run_seconds).
 
     python scripts/gpu_loop_probe.py --out /tmp/res/loop_probe
 """
@@ -25,7 +25,6 @@ import json
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -127,6 +126,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     forms = args.forms.split(",")
+    from exl3_jax.ffi import bench
     unroll = 8
     result = dict(common.run_metadata(__file__, argv), versions=common.versions(), ops={})
     for tag in args.ops.split(","):
@@ -141,14 +141,8 @@ def main(argv=None) -> int:
             counts[form] = hlo_counts(text)
             jax.block_until_ready(compiled(x, rests))
 
-            def timer(compiled=compiled):
-                ts = []
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(compiled(x, rests))
-                    ts.append(time.perf_counter() - t0)
-                return 1e6 * statistics.median(ts) / (trips * unroll)
-            timers[form] = timer
+            timers[form] = lambda compiled=compiled: 1e6 * bench.median_run_seconds(
+                lambda: compiled(x, rests)) / (trips * unroll)
         us = {f: [] for f in forms}
         for _ in range(args.rounds):
             for f in forms:
