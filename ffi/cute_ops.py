@@ -501,6 +501,17 @@ def half_in_both(r, high: bool):
     return permute_bytes(r, r, 0x3232 if high else 0x1010)
 
 
+@dsl_user_op
+def fma_f32(a, b, c, *, loc=None, ip=None) -> Float32:
+    """a * b + c rounded once (fma.rn.f32), as inline PTX so the compiler keeps the form."""
+    res = llvm.inline_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip),
+                                    Float32(b).ir_value(loc=loc, ip=ip),
+                                    Float32(c).ir_value(loc=loc, ip=ip)],
+                          "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", has_side_effects=False,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Float32(res)
+
+
 def cta_thread_ids():
     """(tid, lane, warp, (bx, by, bz)): this thread's index in the CTA, its lane and warp, and
     the CTA's grid index. Inlined at trace time."""
@@ -528,21 +539,21 @@ def hadamard128_lane(v, lane):
     """Unnormalised Walsh-Hadamard transform of a 128-vector spread over a warp, lane l holding
     elements 4l..4l+3 (list of 4 Float32). Stages on index bits 0..6 (lo' = lo + hi,
     hi' = lo - hi), the reference order: bits 0-1 inside the lane, bits 2-6 by butterfly
-    shuffles (the lane with the bit clear holds ``lo``)."""
+    shuffles (the lane with the bit clear holds ``lo``).
+
+    A shuffle stage is one fma per element, other + sign * v with sign = -1 in the upper lane:
+    sign * v is exact, so it rounds as other - v and v + other do, and it takes no select per
+    element (a select is an ALU-pipe instruction, and FC1's k loop is ALU-bound)."""
     v = [v[0] + v[1], v[0] - v[1], v[2] + v[3], v[2] - v[3]]
     v = [v[0] + v[2], v[1] + v[3], v[0] - v[2], v[1] - v[3]]
     for b in range(5):
-        upper = ((lane >> b) & 1) == 1
-        out = []
-        for e in range(4):
-            other = cute.arch.shuffle_sync_bfly(v[e], offset=1 << b)
-            out.append(cutlass.select_(upper, other - v[e], v[e] + other))
-        v = out
+        sign = cutlass.select_(((lane >> b) & 1) == 1, Float32(-1.0), Float32(1.0))
+        v = [fma_f32(sign, e, cute.arch.shuffle_sync_bfly(e, offset=1 << b)) for e in v]
     return v
 
 
 __all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cta_thread_ids",
-           "decode_halves", "decode_pair", "decode_words", "decode_words_split", "half_in_both",
+           "decode_halves", "decode_pair", "decode_words", "decode_words_split", "fma_f32", "half_in_both",
            "hadamard128_lane", "high_half", "lane_funnels", "lane_states", "load_tile_words",
            "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes", "store_words_v4",
            "times_power_of_two", "warp_task"]

@@ -442,6 +442,24 @@ class GlueConfig(HadamardConfig):
     def plane_rows(self) -> int:
         return self.rows // self.planes
 
+    @property
+    def row_step(self) -> int:
+        """Packed rows per CTA step of rotate_in and activation: per-route packing runs them
+        on each block's row 0 only (the block's other rows are padding that FC1, FC2 and the
+        combine never read), so one CTA per route, not one per packed row."""
+        return self.per_route or 1
+
+    @property
+    def live_grid(self) -> tuple[int, int, int]:
+        """rotate_in / activation grid (one CTA per row, _per_row): one CTA per live row."""
+        assert self.row_ctas == 1, self
+        return (self.rows // self.row_step, 1, 1)
+
+    def live_row(self, cta):
+        """(plane, packed row in the plane) of rotate_in / activation CTA ``cta``."""
+        plane_ctas = self.plane_rows // self.row_step
+        return cta // plane_ctas, (cta % plane_ctas) * self.row_step
+
 
 def _split_sum4(part, base_of_split, splits: int):
     """This lane's 4 consecutive fp32 values summed over the K-split partials (split s at
@@ -488,8 +506,7 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     tid, lane, warp, (bx, _, _) = cta_thread_ids()
     cute.arch.griddepcontrol_launch_dependents()
     cute.arch.griddepcontrol_wait()            # the layer's first kernel: a no-op in practice
-    plane = bx // cfg.plane_rows
-    row = bx % cfg.plane_rows
+    plane, row = cfg.live_row(bx)
     tok, e, live = _row_route(cfg, row, rtok, rexp)
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
     src = cutlass.select_(live, tok, Int32(0)) * cfg.width + 4 * lane
@@ -500,7 +517,7 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     # 2^ROW_LIMIT_LOG2, so no rotated element exceeds 46341; padding rows (all zero) get s = 1.
     s = row_scale(cta_max(amax, warp))
     if tid == 0:
-        scale[bx] = s
+        scale[plane * cfg.plane_rows + row] = s
     inv = power_of_two_inverse(s)
     store_rotated(vals, blocks, inv, lane, out, (plane * cfg.plane_rows + row) * cfg.width)
 
@@ -510,8 +527,9 @@ def _activation_kernel(part: cute.Tensor, svh13: cute.Tensor, suh2: cute.Tensor,
                        rtok: cute.Tensor, rexp: cute.Tensor, scale1: cute.Tensor,
                        xscale: cute.Tensor, out: cute.Tensor, scale2: cute.Tensor,
                        cfg: cutlass.Constexpr):
-    tid, lane, warp, (row, _, _) = cta_thread_ids()
+    tid, lane, warp, (bx, _, _) = cta_thread_ids()
     cute.arch.griddepcontrol_launch_dependents()
+    _, row = cfg.live_row(bx)
     tok, e, live = _row_route(cfg, row, rtok, rexp)
     e0 = cutlass.select_(live, e, Int32(0))
     keep = cutlass.select_(live, Float32(1.0), Float32(0.0))
@@ -630,13 +648,13 @@ def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tens
     ordinary launch, so nothing starts before the layer's inputs are complete."""
     if cutlass.const_expr(not cfg.fc1.rotate_in):
         _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
-            grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
+            grid=cfg.rotate.live_grid, block=(32 * WARPS, 1, 1), stream=stream)
     _launch_grouped_gemm(cute.recast_tensor(xh, Uint32), (t13a, t13b, t13c), bexp, etier, eslot,
                          part1, (x, suh13, scale1), cfg.fc1, stream,
                          use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
     _activation_kernel(part1, svh13, suh2, rtok, rexp, scale1, xscale, xh2, scale2,
                        cfg.act).launch(
-        grid=cfg.act.in_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
+        grid=cfg.act.live_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
     _launch_grouped_gemm(cute.recast_tensor(xh2, Uint32), (t2a, t2b, t2c), bexp, etier, eslot,
                          part2, (x, suh13, scale2), cfg.fc2, stream, use_pdl=cfg.pdl)
     _combine_kernel(part2, svh2, rexp, route_row, weights, scale2, y, cfg.combine).launch(

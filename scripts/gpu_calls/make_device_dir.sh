@@ -13,8 +13,9 @@ src=${CUTLASS_TARBALL:-../shared/device/cutlass_dsl_cp312_cu13.tar.xz}
 # (518d8db), prev = before the MoE FC1 one-token row (3903503), cur = the first transform-free
 # prefill (e6955a8: fp32 butterflies in phase 1), s27 = main at the end of session 27 (f42c551:
 # before the two-pipe K4 extraction), s38 = main at the end of session 38 (e16e6fc: the prefill
-# fold rule, no barrier in bench's timing loop). Only what an install needs travels.
-for pair in base:55c788a prewin:518d8db prev:3903503 cur:e6955a8 s27:f42c551 s38:e16e6fc; do
+# fold rule, no barrier in bench's timing loop), s42 = main at the start of session 42 (4bd7dc8).
+# Only what an install needs travels.
+for pair in base:55c788a prewin:518d8db prev:3903503 cur:e6955a8 s27:f42c551 s38:e16e6fc s42:4bd7dc8; do
     name=${pair%%:*}; rev=${pair#*:}
     git archive "$rev" pyproject.toml README.md exl3_jax ffi models scripts | xz -T2 -6 > ".device/$name.tar.xz"
 done
