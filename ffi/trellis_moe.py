@@ -6,7 +6,7 @@ its own expert's trellis, decoded in registers into mma.sync fragments.
 p is the projection plane (FC1: 0 = gate, 1 = up, both in one launch over w13 [2, E, ...];
 FC2: one plane over w2 [E, ...]). Rows are the route-packed rows of exl3_jax.ops.moe_routing;
 blocks with expert -1 skip the k loop and write zeros; padding rows are zero in xh, so they
-produce zeros. The decode/MMA inner loop (load_chunk / mma_chunk) is the dense kernel's
+produce zeros (per-route blocks instead read only their row 0: one_row). The decode/MMA inner loop (load_chunk / mma_chunk) is the dense kernel's
 (ffi/trellis_mma.py); only the block -> expert lookup, the plane axis and the output rows differ.
 
 Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_layer`` ->
@@ -412,6 +412,9 @@ def _launch_grouped_gemm(xw, tws, bexp, etier, eslot, out, rotate_args, cfg, str
 # Fused glue kernels (the Hadamard-128 of ffi/hadamard.py, one warp per 128-column block).
 # rotate_in and activation run one CTA per row: each row's fp16-boundary scale (hadamard.py's
 # row_scale of the row's max |input|) needs the whole row before any element is rotated.
+# Per-route plans run them on each block's row 0 only (GlueConfig.live_grid): FC1 and FC2 read
+# only that row (one_row) and the combine only the route's row, so nothing computes the
+# padding rows of xh, xh2 and scale2 (whatever they hold is never read).
 #
 #   rotate_in:  s1[p, r] = row_scale(max |x[token(r)] * suh13[p, expert(r)]|)
 #               xh[p, r] = fp16(H128(x[token(r)] * suh13[p, expert(r)]) / s1[p, r])
