@@ -13,9 +13,9 @@
 # 4, no baseline.
 # Prediction: every section ok. Qwen3 m = 1 -0.2 to -0.8 us (FC1's ALU-bound issue loses ~4%
 # of its ALU ops; the activation's padding CTAs stop holding SM slots FC2's CTAs wait for),
-# m = 2 / 4 -0.3 to -1.0; GLM-5.2 TP4 (6 rotated blocks per FC1 warp) -0.3 to -1.0 at m = 1..4;
-# Keep if Qwen3 m = 1's mean is
-# not slower by more than 0.3 us and no row is slower beyond its runs' spread.
+# m = 2 / 4 -0.3 to -1.0; GLM-5.2 TP4 (6 rotated blocks per FC1 warp) -0.3 to -1.0 at m = 1..4.
+# Keep if Qwen3 m = 1's mean is not slower by more than 0.3 us and no row is slower beyond its
+# runs' spread.
 CALL=call96
 timeout 150 python3 scripts/gpu_validate_moe.py --quick --no-bench --budget-s 130 --sections decode_bitwise,edge,tiers --out $RES/96_validate.json > $RES/96_validate.log 2>&1
 t "validate rc=$?"; grep -E '"ok": false|error|Traceback' $RES/96_validate.log | cut -c1-160 | head -8; tail -1 $RES/96_validate.log | cut -c1-300; save
