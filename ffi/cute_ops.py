@@ -553,7 +553,7 @@ def hadamard128_lane(v, lane):
 
 
 __all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cta_thread_ids",
-           "decode_halves", "decode_pair", "decode_words", "decode_words_split", "fma_f32", "half_in_both",
-           "hadamard128_lane", "high_half", "lane_funnels", "lane_states", "load_tile_words",
-           "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes", "store_words_v4",
-           "times_power_of_two", "warp_task"]
+           "decode_halves", "decode_pair", "decode_words", "decode_words_split", "fma_f32",
+           "half_in_both", "hadamard128_lane", "high_half", "lane_funnels", "lane_states",
+           "load_tile_words", "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes",
+           "store_words_v4", "times_power_of_two", "warp_task"]

@@ -6,8 +6,9 @@ its own expert's trellis, decoded in registers into mma.sync fragments.
 p is the projection plane (FC1: 0 = gate, 1 = up, both in one launch over w13 [2, E, ...];
 FC2: one plane over w2 [E, ...]). Rows are the route-packed rows of exl3_jax.ops.moe_routing;
 blocks with expert -1 skip the k loop and write zeros; padding rows are zero in xh, so they
-produce zeros (per-route blocks instead read only their row 0: one_row). The decode/MMA inner loop (load_chunk / mma_chunk) is the dense kernel's
-(ffi/trellis_mma.py); only the block -> expert lookup, the plane axis and the output rows differ.
+produce zeros (per-route blocks instead read only their row 0: one_row). The decode/MMA inner
+loop (load_chunk / mma_chunk) is the dense kernel's (ffi/trellis_mma.py); only the block ->
+expert lookup, the plane axis and the output rows differ.
 
 Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_layer`` ->
 ``launch_moe_layer``) that launches these kernels on the stream:

@@ -1577,3 +1577,16 @@ def test_bench_moe_cold_loop_routes_to_other_experts(monkeypatch):
                          [e // 2 for e in range(16)], "gpu", True)
     wt = bench.random_weight(256, 128, 2.5, "mul1")
     assert wt.trellis.shape == (16, 8, 40) and wt.K == 2.5
+
+
+@needs_cutlass
+@pytest.mark.parametrize("per_route,planes", [(8, 2), (16, 1), (0, 2), (0, 1)])
+def test_moe_glue_grids_visit_each_read_row_once(per_route, planes):
+    """rotate_in / activation CTAs of a per-route layer take each block's row 0 (the only row
+    FC1 and FC2 read under one_row), one CTA each, plane by plane; sorted layers every row."""
+    from exl3_jax.ffi.trellis_moe import _per_row
+    blocks, block_m = 5, per_route or 16
+    cfg = _per_row(planes * blocks * block_m, 256, planes=planes, experts=4, per_route=per_route)
+    rows = range(0, blocks * block_m, block_m) if per_route else range(blocks * block_m)
+    assert [cfg.live_row(c) for c in range(cfg.live_grid[0])] == [
+        (p, r) for p in range(planes) for r in rows]
