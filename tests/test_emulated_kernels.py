@@ -118,6 +118,7 @@ def test_input_transform_kernel_is_the_spec_hadamard_bit_for_bit(rng):
                      timeout=600)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(cases), proc.stdout[-2000:]
+    assert sum(r["scaled"] for r in rows) > 0, rows      # the row-scale path ran too
     for row in rows:
         assert row["differ"] == 0, row
 
