@@ -413,7 +413,7 @@ def _launch_grouped_gemm(xw, tws, bexp, etier, eslot, out, rotate_args, cfg, str
 # Fused glue kernels (the Hadamard-128 of ffi/hadamard.py, one warp per 128-column block).
 # rotate_in and activation run one CTA per row: each row's fp16-boundary scale (hadamard.py's
 # row_scale of the row's max |input|) needs the whole row before any element is rotated.
-# Per-route plans run them on each block's row 0 only (GlueConfig.live_grid): FC1 and FC2 read
+# Per-route plans run them on each block's row 0 only (GlueConfig.in_grid): FC1 and FC2 read
 # only that row (one_row) and the combine only the route's row, so nothing computes the
 # padding rows of xh, xh2 and scale2 (whatever they hold is never read).
 #
@@ -454,7 +454,7 @@ class GlueConfig(HadamardConfig):
         return self.per_route or 1
 
     @property
-    def live_grid(self) -> tuple[int, int, int]:
+    def in_grid(self) -> tuple[int, int, int]:
         """rotate_in / activation grid (one CTA per row, _per_row): one CTA per live row."""
         assert self.row_ctas == 1, self
         return (self.rows // self.row_step, 1, 1)
@@ -520,10 +520,11 @@ def _rotate_in_kernel(x: cute.Tensor, suh: cute.Tensor, rtok: cute.Tensor, rexp:
     # The fp16 boundary (ffi/hadamard.py): s = smallest power of two with max|x * suh| / s <=
     # 2^ROW_LIMIT_LOG2, so no rotated element exceeds 46341; padding rows (all zero) get s = 1.
     s = row_scale(cta_max(amax, warp))
+    packed_row = plane * cfg.plane_rows + row
     if tid == 0:
-        scale[plane * cfg.plane_rows + row] = s
+        scale[packed_row] = s
     inv = power_of_two_inverse(s)
-    store_rotated(vals, blocks, inv, lane, out, (plane * cfg.plane_rows + row) * cfg.width)
+    store_rotated(vals, blocks, inv, lane, out, packed_row * cfg.width)
 
 
 @cute.kernel
@@ -652,13 +653,13 @@ def launch_moe_layer(stream, x: cute.Tensor, suh13: cute.Tensor, rtok: cute.Tens
     ordinary launch, so nothing starts before the layer's inputs are complete."""
     if cutlass.const_expr(not cfg.fc1.rotate_in):
         _rotate_in_kernel(x, suh13, rtok, rexp, xh, scale1, cfg.rotate).launch(
-            grid=cfg.rotate.live_grid, block=(32 * WARPS, 1, 1), stream=stream)
+            grid=cfg.rotate.in_grid, block=(32 * WARPS, 1, 1), stream=stream)
     _launch_grouped_gemm(cute.recast_tensor(xh, Uint32), (t13a, t13b, t13c), bexp, etier, eslot,
                          part1, (x, suh13, scale1), cfg.fc1, stream,
                          use_pdl=cfg.pdl and not cfg.fc1.rotate_in)
     _activation_kernel(part1, svh13, suh2, rtok, rexp, scale1, xscale, xh2, scale2,
                        cfg.act).launch(
-        grid=cfg.act.live_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
+        grid=cfg.act.in_grid, block=(32 * WARPS, 1, 1), stream=stream, use_pdl=cfg.pdl)
     _launch_grouped_gemm(cute.recast_tensor(xh2, Uint32), (t2a, t2b, t2c), bexp, etier, eslot,
                          part2, (x, suh13, scale2), cfg.fc2, stream, use_pdl=cfg.pdl)
     _combine_kernel(part2, svh2, rexp, route_row, weights, scale2, y, cfg.combine).launch(

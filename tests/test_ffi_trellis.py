@@ -1588,5 +1588,5 @@ def test_moe_glue_grids_visit_each_read_row_once(per_route, planes):
     blocks, block_m = 5, per_route or 16
     cfg = _per_row(planes * blocks * block_m, 256, planes=planes, experts=4, per_route=per_route)
     rows = range(0, blocks * block_m, block_m) if per_route else range(blocks * block_m)
-    assert [cfg.live_row(c) for c in range(cfg.live_grid[0])] == [
+    assert [cfg.live_row(c) for c in range(cfg.in_grid[0])] == [
         (p, r) for p in range(planes) for r in rows]
