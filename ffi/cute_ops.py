@@ -1,7 +1,9 @@
 """Device-side building blocks (CuTe DSL, inline PTX) shared by the Trellis kernels.
 
 Only SM80-level PTX is used (mul/lop3/prmt/dp4a, f16x2 add/fma, mma.sync m16n8k16), so every kernel
-built from these compiles unchanged for sm_90a (H200) and sm_120a (RTX PRO 6000).
+built from these compiles unchanged for sm_90a (H200) and sm_120a (RTX PRO 6000); the cluster
+helpers (cluster_rank, cluster_arrive / cluster_wait, st_cluster_v4: sm_90 distributed shared
+memory) exist on both targets too.
 
 Importing this module imports cutlass; keep it out of CPU-only import paths.
 """
@@ -512,6 +514,53 @@ def fma_f32(a, b, c, *, loc=None, ip=None) -> Float32:
     return Float32(res)
 
 
+@dsl_user_op
+def cluster_rank(*, loc=None, ip=None) -> Int32:
+    """This CTA's rank in its thread-block cluster (%cluster_ctarank)."""
+    res = llvm.inline_asm(T.i32(), [], "mov.u32 $0, %cluster_ctarank;", "=r",
+                          has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Int32(res)
+
+
+def cluster_arrive(release: bool = True):
+    """This thread's arrival at the cluster barrier: with ``release`` its earlier memory
+    accesses (shared memory of other CTAs included) are ordered before the wait of every
+    thread of the cluster; relaxed orders nothing (the kernel-start arrival that only proves
+    every CTA of the cluster has started). All lanes of the warp."""
+    inline_ptx("barrier.cluster.arrive.release.aligned;" if release
+               else "barrier.cluster.arrive.relaxed.aligned;")
+
+
+def cluster_wait():
+    """Wait until every thread of the cluster has arrived (acquire). All lanes of the warp."""
+    inline_ptx("barrier.cluster.wait.acquire.aligned;")
+
+
+@dsl_user_op
+def st_cluster_v4(address, rank, values, *, loc=None, ip=None) -> None:
+    """The 4 Uint32 ``values`` to shared byte ``address`` (16-byte aligned, an address of this
+    CTA's shared memory) of cluster CTA ``rank``'s shared memory: mapa + one 16-byte
+    st.shared::cluster (distributed shared memory)."""
+    llvm.inline_asm(None, [Int32(address).ir_value(loc=loc, ip=ip),
+                           Int32(rank).ir_value(loc=loc, ip=ip)]
+                    + [Uint32(v).ir_value(loc=loc, ip=ip) for v in values],
+                    "{\n.reg .b32 a;\n    mapa.shared::cluster.u32 a, $0, $1;\n"
+                    "    st.shared::cluster.v4.b32 [a], {$2, $3, $4, $5};\n}",
+                    "r,r,r,r,r,r,~{memory}", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def fp16_in_both(v, *, loc=None, ip=None) -> Uint32:
+    """fp16(v) (round to nearest even) in both halves of a word."""
+    res = llvm.inline_asm(T.i32(), [Float32(v).ir_value(loc=loc, ip=ip)],
+                          "{\n.reg .b16 h;\n    cvt.rn.f16.f32 h, $1;\n    mov.b32 $0, {h, h};\n}",
+                          "=r,f", has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Uint32(res)
+
+
 def cta_thread_ids():
     """(tid, lane, warp, (bx, by, bz)): this thread's index in the CTA, its lane and warp, and
     the CTA's grid index. Inlined at trace time."""
@@ -552,8 +601,9 @@ def hadamard128_lane(v, lane):
     return v
 
 
-__all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cta_thread_ids",
-           "decode_halves", "decode_pair", "decode_words", "decode_words_split", "fma_f32",
-           "half_in_both", "hadamard128_lane", "high_half", "lane_funnels", "lane_states",
-           "load_tile_words", "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes",
+__all__ = ["FoldedState", "LOP3_CODEBOOKS", "block_row_col", "byte_window", "cluster_arrive",
+           "cluster_rank", "cluster_wait", "cta_thread_ids", "decode_halves", "decode_pair",
+           "decode_words", "decode_words_split", "fma_f32", "fp16_in_both", "half_in_both",
+           "hadamard128_lane", "high_half", "lane_funnels", "lane_states", "load_tile_words",
+           "load_words_v4", "mma_m16n8k16_f16_f32", "permute_bytes", "st_cluster_v4",
            "store_words_v4", "times_power_of_two", "warp_task"]

@@ -5,12 +5,12 @@ and how they synchronise is fixed by the PTX that CuTe DSL emits, which any mach
 With EXL3_JAX_EMULATE=1 (and CUTE_DSL_ARCH, sm_90a by default, set before cutlass is
 imported) ``trellis_gemm.available()`` is true on the CPU and every cutlass_call lowers to a
 host callback: at trace time the call's launcher is compiled with cute.compile while a hook on
-the DSL's kernel launches records each kernel it launches (name, grid, block, which launcher
-tensors it takes, the shared memory its SmemAllocator asked for, whether it is a programmatic
-dependent launch); at run time each tensor gets its own bounded buffer (outputs filled with 0xFF
-bytes, i.e. NaN, unless aliased to an input) and the recorded launches run in order in
-``ptx_interpreter``, a dependent launch checked against the launches that may still run beside
-it. So the package's jitted GPU
+the DSL's kernel launches records each kernel it launches (name, grid, block, cluster, which
+launcher tensors it takes, the shared memory its SmemAllocator asked for, whether it is a
+programmatic dependent launch); at run time each tensor gets its own bounded buffer (outputs
+filled with 0xFF bytes, i.e. NaN, unless aliased to an input) and the recorded launches run in
+order in ``ptx_interpreter``, a dependent launch checked against the launches that may still
+run beside it. So the package's jitted GPU
 paths (transforms, kernels, plans, layouts) and the GPU validation scripts run unchanged,
 slowly (minutes for one Qwen3-30B-A3B MoE layer): small shapes."""
 
@@ -33,7 +33,8 @@ TRACE_ENV = "EXL3_JAX_EMULATE_TRACE"      # print each launch's NaN counts (debu
 ARCH_ENV = "CUTE_DSL_ARCH"
 DEFAULT_ARCH = "sm_90a"
 _lock = threading.Lock()
-# The latest emulated launches (kernel, grid, block, smem, pdl), for tests and debugging.
+# The latest emulated launches (kernel, grid, block, cluster, smem, pdl), for tests and
+# debugging.
 LAUNCH_LOG: collections.deque = collections.deque(maxlen=256)
 
 
@@ -111,6 +112,8 @@ def _compile(fn, spec):
         records.append(dict(kernel=self._launch_name or self.funcBody.__name__, params=params,
                             grid=tuple(int(g) for g in kwargs["grid"]),
                             block=tuple(int(b) for b in kwargs["block"]),
+                            cluster=tuple(int(c) for c in kwargs["cluster"])
+                            if kwargs.get("cluster") else None,
                             smem=int(kwargs.get("smem") or smem),
                             pdl=bool(kwargs.get("use_pdl", False))))
         return out
@@ -157,7 +160,7 @@ def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]
             first -= 1
         emu.launch(module, r["kernel"], r["grid"], r["block"],
                    [kernel_tensors[p] for p in r["params"]], mem, r["smem"], launch_id=i,
-                   unordered=range(first, i) if r["pdl"] else ())
+                   unordered=range(first, i) if r["pdl"] else (), cluster=r["cluster"])
         if trace:       # NaN words (as fp32 / fp16) of every buffer the kernel was passed
             counts = {p: (int(np.isnan(b[:len(b) // 4 * 4].view(np.float32)).sum()),
                           int(np.isnan(b[:len(b) // 2 * 2].view(np.float16)).sum()))

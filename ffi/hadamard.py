@@ -47,8 +47,8 @@ from cutlass import BFloat16, Float16, Float32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cute_ops import (block_row_col, cta_thread_ids, hadamard128_lane, ld_global_v4,
-                       st_global_v4, warp_task)
+from .cute_ops import (block_row_col, cta_thread_ids, fp16_in_both, hadamard128_lane,
+                       ld_global_v4, st_cluster_v4, st_global_v4, warp_task)
 from .trellis_gemm import ROW_LIMIT_LOG2
 from .trellis_geometry import (b_fragment_slot, b_fragment_word, pair_fragment_slot,
                                pair_fragment_word, quad_fragment_index, token_fragment_word)
@@ -269,6 +269,40 @@ def store_rotated(vals: list, blocks: list, inv, lane, dst, base,
                     dst[base + 2 * fragments(c) + 1] = f16[j]
                 else:
                     dst[base + c] = f16[j]
+
+
+@cute.jit
+def store_rotated_cluster(vals: list, blocks: list, inv, lane, warp, rank, xs_address,
+                          width: cutlass.Constexpr, warps: cutlass.Constexpr,
+                          cluster: cutlass.Constexpr):
+    """store_rotated's "token" store (fragments = token_fragment_word) shared by the
+    ``cluster`` CTAs of a thread-block cluster that all need the same row: cluster rank r
+    rotates only blocks r * per .. r * per + per - 1 (per = width / 128 / cluster; a block is
+    one warp's, so ``per`` warps of each CTA rotate) and stores each rotated word into every
+    CTA's shared memory at xs_address + 4 * word (the same offset in each: every CTA allocates
+    the same shared layout). Same words as store_rotated (the rotation is rotated_fp16's).
+
+    Column c's word is token_fragment_word(c): a lane's 4 columns (quarter q = lane % 4 of a
+    k16 step) are words 8 (q % 2) + q // 2 + {0, 2, 4, 6} of the step's 16, so lanes q and
+    q ^ 2 swap two words (one shuffle each) and each then holds 4 consecutive words: one
+    16-byte store per CTA of the cluster. The caller orders the stores: a cluster barrier
+    before (every CTA has started) and one after (release / acquire) the reads."""
+    per = width // 128 // cluster
+    q = lane % 4
+    upper = (q // 2) == 1
+    for i in cutlass.range_constexpr(len(blocks)):
+        real, c0 = blocks[i]
+        if real & ((i * warps + warp) // per == rank):
+            h = hadamard128_lane([vi * inv for vi in vals[i]], lane)
+            w = [fp16_in_both(hi * Float32(SCALE)) for hi in h]
+            # The lower lane keeps words j = 0, 1 and sends 2, 3; the upper the reverse.
+            send = [cutlass.select_(upper, w[j], w[j + 2]) for j in range(2)]
+            got = [cute.arch.shuffle_sync_bfly(v, offset=2) for v in send]
+            out = [cutlass.select_(upper, got[0], w[0]), cutlass.select_(upper, w[2], got[0]),
+                   cutlass.select_(upper, got[1], w[1]), cutlass.select_(upper, w[3], got[1])]
+            word = ((c0 + 4 * lane) // 16) * 16 + 8 * (q % 2) + 4 * (q // 2)
+            for r in cutlass.range_constexpr(cluster):
+                st_cluster_v4(xs_address + 4 * word, r, out)
 
 
 def abs_max(amax, v):

@@ -6,13 +6,16 @@ Running that PTX here, on inputs drawn fresh, checks the kernels bit for bit aga
 reference in CI, and checks what compute-sanitizer would (out-of-bounds and misaligned
 accesses) plus the ordering rules a GPU only breaks intermittently:
   * shared-memory races between warps (a read, write or overwrite of bytes another warp wrote
-    or read since the CTA's last barrier);
+    or read since the CTA's last barrier), the warps of other CTAs of a thread-block cluster
+    included (distributed shared memory, ordered only by a cluster barrier);
   * wgmma (async proxy): its A registers changed or its accumulators touched before the
     wait_group that retires it, registers written since the last wgmma.fence, shared memory it
     reads written by the generic proxy without a fence.proxy.async, or overwritten while it is
     in flight;
   * cp.async: its destination read or written before the wait_group that lands it;
-  * barriers reached by part of a CTA, warp-collective instructions run by part of a warp.
+  * barriers reached by part of a CTA (or of a cluster), warp-collective instructions run by
+    part of a warp, another CTA's shared memory accessed before a cluster barrier guarantees
+    that every CTA of the cluster has started.
 Races are tracked per warp, not per thread: the lanes of a warp run each instruction together
 here, so a missing bar.warp.sync between lanes of one warp is not reported.
 
@@ -21,6 +24,14 @@ The lanes with the lowest program counter execute the next instruction together 
 scheduling, which reconverges structured code at its join points); a barrier waits for every
 live thread of its CTA. Asynchronous operations (wgmma, cp.async) compute at issue and their
 hazards are tracked explicitly, so an ordering bug is reported instead of hidden.
+
+Clusters (sm_90 distributed shared memory): a batch holds whole clusters, each one's CTAs in
+rank order. mapa sets bits 24.. of a shared offset to the target CTA's rank + 1 (shared windows
+are < 16 MB), which ld/st.shared::cluster decode (0 there: the executing CTA's own window);
+race entries name a warp by an id unique in the batch, so a remote access is a race like any
+other: bar.sync clears only its own CTA's warps' entries, a cluster barrier whose arrive
+released clears the whole cluster's. barrier.cluster.wait checks, as bar.sync does for a CTA,
+that every thread of the cluster has arrived in its phase.
 
 Arithmetic: integer, fp16 and fp32 instructions are IEEE exact (fma.rn.f32 through a
 round-to-odd double sum); mma.sync and wgmma sum exact products in float64 and round once to
@@ -58,7 +69,12 @@ _WIDTH = {"b8": 8, "u8": 8, "s8": 8, "b16": 16, "u16": 16, "s16": 16, "f16": 16,
 _RAW = {1: np.bool_, 8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 _IDENT = re.compile(r"^[A-Za-z_$%][\w$]*$")
 _LABEL = re.compile(r"^\s*([A-Za-z_$][\w$]*)\s*$")
-_SPECIAL = re.compile(r"^%(tid|ntid|ctaid|nctaid)\.([xyz])$|^%(laneid|warpid)$")
+_SPECIAL = re.compile(r"^%(tid|ntid|ctaid|nctaid|cluster_ctaid|cluster_nctaid|clusterid|"
+                      r"nclusterid)\.([xyz])$|^%(laneid|warpid|cluster_ctarank|cluster_nctarank)$")
+# A shared::cluster address (from mapa): bits 24.. hold the target CTA's rank + 1 above its
+# shared::cta offset; 0 there is the executing CTA's own window (as PTX allows).
+_RANK_SHIFT = 24
+_OFFSET_MASK = (1 << _RANK_SHIFT) - 1
 
 
 @dataclasses.dataclass
@@ -523,10 +539,11 @@ _EXITED_PC = 2 ** 62      # an exited lane's pc: never the minimum while a lane 
 
 
 class _Batch:
-    """One batch of CTAs of one launch."""
+    """One batch of CTAs of one launch: whole clusters, each one's CTAs consecutive in rank
+    order (so CTA row r of the batch has rank r % csize in cluster r // csize)."""
 
     def __init__(self, entry: Entry, memory: GlobalMemory, params: bytes, ctas, block,
-                 grid, smem_bytes: int, check_races: bool):
+                 grid, smem_bytes: int, check_races: bool, cluster=(1, 1, 1)):
         self.e, self.mem = entry, memory
         self.params = params
         nt = block[0] * block[1] * block[2]
@@ -544,17 +561,32 @@ class _Batch:
         self.lane = t % 32
         self.warp = t // 32                                   # warp within the CTA
         self.gwarp = np.arange(L) // 32                       # warp within the batch
+        # Race bookkeeping names a warp by an id unique in the batch (a warp of another CTA
+        # of the cluster may access this CTA's bytes): CTA row c's warps are c * wpc + warp.
+        self.wpc = -(-nt // 32)
+        self.warp_id = (self.cta * self.wpc + self.warp).astype(np.int32)
+        self.cdims = tuple(int(c) for c in cluster)
+        self.csize = self.cdims[0] * self.cdims[1] * self.cdims[2]
+        self.cluster_ctaid = tuple(self.ctaid[i] % self.cdims[i] for i in range(3))
+        rank = self.cluster_ctaid[0] + self.cdims[0] * (self.cluster_ctaid[1] + self.cdims[1]
+                                                        * self.cluster_ctaid[2])
+        if nc % self.csize or (rank != self.cta % self.csize).any():
+            raise ValueError("a batch of CTAs must be whole clusters in rank order")
+        self.ctarank = rank
         self.regs: dict[str, np.ndarray] = {}
         base = -(-entry.shared_bytes // 1024) * 1024
         self.dyn_base = base
         self.smem_size = base + smem_bytes
         self.smem = np.zeros((nc, max(self.smem_size, 1)), np.uint8)
         self.check_races = check_races
-        # Race bookkeeping per CTA byte since the CTA's last barrier: the warp that wrote
-        # it (-1 none) and the warp that read it (-1 none, -2 several).
+        # Race bookkeeping per CTA byte since the CTA's last barrier: the warp (warp_id) that
+        # wrote it (-1 none) and the warp that read it (-1 none, -2 several of its own CTA,
+        # -3 several, one of another CTA at least). ``foreign``: a CTA row may hold entries
+        # of another CTA's warps (which its bar.sync does not clear).
         self.writer = np.full((nc, max(self.smem_size, 1)), -1, np.int32)
         self.reader = np.full((nc, max(self.smem_size, 1)), -1, np.int32)
-        self.unfenced = np.zeros((nc, max(self.smem_size, 1)), np.int32)   # writer thread + 1
+        self.foreign = np.zeros(nc, bool)
+        self.unfenced = np.zeros((nc, max(self.smem_size, 1)), np.int32)  # writer's lane + 1
         self.pending_cp = np.zeros((nc, max(self.smem_size, 1)), np.int32)
         # Flat views of the four (cheaper to gather from than with two index arrays).
         self.smem_stride = self.writer.shape[1]
@@ -569,6 +601,17 @@ class _Batch:
         self.fence_dirty: dict[int, set] = defaultdict(set)    # warpgroup -> regs written
         self.pc = np.zeros(L, np.int64)               # _EXITED_PC once a lane has exited
         self.waited = np.zeros(L, bool)            # passed griddepcontrol.wait
+        # Cluster barrier: arrivals and waits of each lane (its phase), whether its latest
+        # arrival released, the phase up to which each cluster's bookkeeping was cleared, and
+        # the smem bytes accessed between a release arrive and its wait (not ordered by that
+        # phase): (flat indices, phase) records, kept only while such a window is open.
+        self.arrives = np.zeros(L, np.int64)
+        self.waits = np.zeros(L, np.int64)
+        self.released = np.zeros(L, bool)
+        self.cleared = np.zeros(nc // self.csize, np.int64)
+        self.in_window = np.zeros(L, bool)
+        self.n_window = 0
+        self.window: list[tuple[np.ndarray, np.ndarray]] = []
 
     # -- registers -------------------------------------------------------------------------
     def width(self, name: str) -> int:
@@ -621,14 +664,22 @@ class _Batch:
 
     def special(self, name):
         m = _SPECIAL.match(name)
-        if m.group(3) == "laneid":
-            return self.lane.astype(np.uint32)
-        if m.group(3) == "warpid":
-            return self.warp.astype(np.uint32)
+        scalar = m.group(3)
+        if scalar is not None:
+            return {"laneid": lambda: self.lane, "warpid": lambda: self.warp,
+                    "cluster_ctarank": lambda: self.ctarank,
+                    "cluster_nctarank": lambda: np.full(self.L, self.csize),
+                    }[scalar]().astype(np.uint32)
         axis = "xyz".index(m.group(2))
-        return {"tid": self.tid[axis], "ntid": np.full(self.L, self.block[axis]),
-                "ctaid": self.ctaid[axis], "nctaid": np.full(self.L, self.grid[axis])
-                }[m.group(1)].astype(np.uint32)
+        c = self.cdims[axis]
+        return {"tid": lambda: self.tid[axis], "ntid": lambda: np.full(self.L, self.block[axis]),
+                "ctaid": lambda: self.ctaid[axis],
+                "nctaid": lambda: np.full(self.L, self.grid[axis]),
+                "cluster_ctaid": lambda: self.cluster_ctaid[axis],
+                "cluster_nctaid": lambda: np.full(self.L, c),
+                "clusterid": lambda: self.ctaid[axis] // c,
+                "nclusterid": lambda: np.full(self.L, self.grid[axis] // c),
+                }[m.group(1)]().astype(np.uint32)
 
     def symbol(self, name):
         if name == self.e.dynamic_shared:
@@ -722,36 +773,81 @@ class _Batch:
                            f": {ins.text}")
         if ((a < 0) | (a + nbytes > self.smem_size)).any():
             bad = int(a[(a < 0) | (a + nbytes > self.smem_size)][0])
+            if bad >> _RANK_SHIFT > 0:
+                raise PtxError(f"shared::cluster address {bad:#x} (CTA rank bits set, from mapa)"
+                               f" used as a shared::cta address: {ins.text}")
             raise PtxError(f"out-of-bounds shared access at {bad} (size {self.smem_size}): "
                            f"{ins.text}")
         return self.cta[lanes], a[:, None] + np.arange(nbytes)
 
-    def note_smem(self, cta, idx, lanes, write: bool, ins, who="warp"):
+    def dsmem_index(self, addr: np.ndarray, nbytes: int, ins, lanes):
+        """(target CTA rows, byte offsets, which lanes access another CTA or None) of a
+        shared::cluster access."""
+        a = addr.astype(np.int64)
+        hi = a >> _RANK_SHIFT
+        if (hi <= 0).all():                       # the executing CTA's own window
+            cta, idx = self.smem_index(a, nbytes, ins, lanes)
+            return cta, idx, None
+        if (hi > self.csize).any():
+            raise PtxError(f"shared::cluster address {int(a[hi > self.csize][0]):#x} names CTA "
+                           f"rank {int(hi.max()) - 1} of a cluster of {self.csize}: {ins.text}")
+        own, idx = self.smem_index(np.where(hi > 0, a & _OFFSET_MASK, a), nbytes, ins, lanes)
+        cta = np.where(hi > 0, own - own % self.csize + hi - 1, own)
+        remote = cta != own
+        if not remote.any():
+            return cta, idx, None
+        if (self.waits[lanes[remote]] == 0).any():
+            raise PtxError("distributed shared memory accessed before the cluster barrier that "
+                           "guarantees every CTA of the cluster has started (no "
+                           f"barrier.cluster.wait yet): {ins.text}")
+        return cta, idx, remote
+
+    def note_smem(self, cta, idx, lanes, write: bool, ins, remote=None):
+        """Race bookkeeping of an access of bytes ``idx`` of CTA rows ``cta`` by ``lanes``
+        (``remote``: which of them belong to another CTA, None when none do)."""
         if not self.check_races:
             return
+        nb = idx.shape[1]
         flat = (cta[:, None] * self.smem_stride + idx).reshape(-1)    # lane-major, as idx
-        warp = np.repeat(self.warp[lanes], idx.shape[1])
+        warp = np.repeat(self.warp_id[lanes], nb)
         if self.pending_cp_f.take(flat).any():
             raise PtxError(f"shared bytes accessed before their cp.async landed: {ins.text}")
+        hint = "" if remote is None and not self.foreign.any() else \
+            " (another CTA's accesses are ordered only by a cluster barrier)"
         wr = self.writer_f.take(flat)
         if ((wr >= 0) & (wr != warp)).any():
             kind = "write-after-write" if write else "read-after-write"
-            raise PtxError(f"shared-memory race ({kind} between warps without a barrier): "
+            raise PtxError(f"shared-memory race ({kind} between warps without a barrier){hint}: "
                            f"{ins.text}")
         rd = self.reader_f.take(flat)
         if write:
-            if ((rd == -2) | ((rd >= 0) & (rd != warp))).any():
+            if ((rd <= -2) | ((rd >= 0) & (rd != warp))).any():
                 raise PtxError("shared-memory race (write-after-read between warps without a "
-                               f"barrier): {ins.text}")
+                               f"barrier){hint}: {ins.text}")
             self.writer_f[flat] = warp
-            self.unfenced_f[flat] = np.repeat(self.thread[lanes] + 1, idx.shape[1])
+            self.unfenced_f[flat] = np.repeat(lanes + 1, nb)
             for w in self.wgmma_inflight:
                 hit = np.isin(flat, w.smem_flat)
                 if hit.any():
                     raise PtxError(f"shared bytes overwritten while a wgmma reads them: "
                                    f"{ins.text}")
         else:
-            self.reader_f[flat] = np.where((rd == -1) | (rd == warp), warp, -2)
+            several = -2 if not hint else self.several_readers(cta, rd, nb, remote)
+            self.reader_f[flat] = np.where((rd == -1) | (rd == warp), warp, several)
+        if remote is not None:
+            self.foreign[cta[remote]] = True
+        if self.n_window and self.in_window[lanes].any():
+            inside = np.repeat(self.in_window[lanes], nb)
+            self.window.append((flat[inside], np.repeat(self.arrives[lanes], nb)[inside]))
+
+    def several_readers(self, cta, rd, nb, remote):
+        """The reader entry (-2 or -3) of bytes now read by several warps: -3 when one of
+        them belongs to another CTA than the bytes."""
+        first = np.repeat(cta * self.wpc, nb)             # warp_id of the CTA's warp 0
+        other = (rd == -3) | ((rd >= 0) & ((rd < first) | (rd >= first + self.wpc)))
+        if remote is not None:
+            other |= np.repeat(remote, nb)
+        return np.where(other, -3, -2)
 
     def barrier(self, mask, active):
         ctas = np.unique(self.cta[active])
@@ -759,8 +855,85 @@ class _Batch:
             need = (self.cta == c) & (self.pc != _EXITED_PC)
             if (need & ~active).any():
                 raise PtxError("bar.sync reached by part of a CTA (divergent barrier)")
-            self.writer[c] = -1
-            self.reader[c] = -1
+            if not self.foreign[c]:
+                self.writer[c] = -1
+                self.reader[c] = -1
+                continue
+            # Only CTA c's own warps are ordered: other CTAs' entries stay until a cluster
+            # barrier (and -3, several readers of which one of another CTA).
+            lo, hi = c * self.wpc, (c + 1) * self.wpc
+            w, r = self.writer[c], self.reader[c]
+            w[(w >= lo) & (w < hi)] = -1
+            r[((r >= lo) & (r < hi)) | (r == -2)] = -1
+
+    # -- cluster barrier (barrier.cluster.arrive / wait) -----------------------------------
+    def cluster_arrive(self, lanes, release: bool, ins):
+        if (self.arrives[lanes] != self.waits[lanes]).any():
+            raise PtxError("barrier.cluster.arrive by a thread that arrived and has not waited "
+                           f"yet: {ins.text}")
+        self.arrives[lanes] += 1
+        self.released[lanes] = release
+        if release and self.check_races:     # accesses until the wait: not ordered by it
+            self.in_window[lanes] = True
+            self.n_window += len(lanes)
+
+    def cluster_wait(self, lanes, ins):
+        """The first wait of a phase completes it for the whole cluster (min-PC scheduling:
+        the other threads' waits come later), so a thread that reads between its arrive and a
+        later wait of its own is taken as having acquired (not reported)."""
+        if (self.arrives[lanes] == self.waits[lanes]).any():
+            raise PtxError(f"barrier.cluster.wait without a prior barrier.cluster.arrive: "
+                           f"{ins.text}")
+        per = self.csize * self.nt                  # lanes of a cluster (consecutive)
+        phase = self.arrives[lanes]
+        cl = lanes // per
+        used = np.unique(cl)
+        want = np.zeros(len(self.cleared), np.int64)
+        np.maximum.at(want, cl, phase)
+        short = self.arrives.reshape(-1, per)[used] < want[used, None]
+        if short.any():
+            if (short & (self.pc == _EXITED_PC).reshape(-1, per)[used]).any():
+                raise PtxError("cluster barrier waits for a thread that exited without arriving"
+                               f": {ins.text}")
+            raise PtxError("cluster barrier reached by part of a cluster (a thread of the "
+                           f"cluster has not arrived): {ins.text}")
+        for c in used[want[used] > self.cleared[used]].tolist():
+            # The phase completes: every thread of the cluster has arrived in it (none can have
+            # waited in it yet), so ``released`` is each one's arrival in this phase.
+            rel = self.released[c * per:(c + 1) * per]
+            if rel.all():
+                self.cluster_clear(c, int(want[c]))
+            elif rel.any():
+                raise PtxUnsupported(f"a cluster barrier phase with both relaxed and release "
+                                     f"arrivals: {ins.text}")
+            self.cleared[c] = want[c]
+        self.waits[lanes] += 1
+        self.n_window -= int(self.in_window[lanes].sum())
+        self.in_window[lanes] = False
+
+    def cluster_clear(self, c: int, phase: int):
+        """A release arrive + acquire wait of ``phase`` orders every access of the cluster's
+        threads before their arrival: clear the bookkeeping of all its CTAs, except the
+        bytes accessed after an arrival of ``phase`` (or later)."""
+        rows = slice(c * self.csize, (c + 1) * self.csize)
+        if not self.check_races:
+            return
+        keep = np.zeros(0, np.int64)
+        if self.window:
+            flat = np.concatenate([f for f, _ in self.window])
+            ph = np.concatenate([p for _, p in self.window])
+            mine = flat // self.smem_stride // self.csize == c
+            keep = np.unique(flat[mine & (ph >= phase)])
+            self.window = [(flat[~mine], ph[~mine])] if (~mine).any() else []
+            if len(keep):
+                self.window.append((keep, np.full(len(keep), phase)))
+        w, r = self.writer_f[keep], self.reader_f[keep]
+        self.writer[rows] = -1
+        self.reader[rows] = -1
+        self.foreign[rows] = False
+        if len(keep):
+            self.writer_f[keep], self.reader_f[keep] = w, r
+            self.foreign[rows] = True
 
     def full_warps(self, mask, what):
         w = self.gwarp[mask]
@@ -1200,10 +1373,17 @@ def _cvt(b, ins, mask, active):
     b.write(ins.args[0], r, mask)
 
 
+_SPACES = ("global", "shared", "param", "local", "const")
+
+
 def _space(ins):
-    for s in ("global", "shared", "param", "local", "const"):
-        if s in ins.parts or any(p.startswith(s + "::") for p in ins.parts):
-            return s
+    """The state space of a load / store: "shared::cluster" (addresses from mapa, decoded to
+    a CTA of the cluster) apart from "shared" (and shared::cta: the executing CTA's)."""
+    for p in ins.parts[1:]:
+        if p == "shared::cluster":
+            return p
+        if p in _SPACES or p.split("::")[0] in _SPACES:
+            return p.split("::")[0]
     return "generic"
 
 
@@ -1251,6 +1431,11 @@ def _ld(b, ins, mask, active):
         cta, idx = b.smem_index(addr, w * n, ins, lanes)
         b.note_smem(cta, idx, lanes, False, ins)
         data = b.smem[cta[:, None], idx]
+    elif space == "shared::cluster":
+        addr = _address(b, ins.args[1], lanes).astype(np.int64)
+        cta, idx, remote = b.dsmem_index(addr, w * n, ins, lanes)
+        b.note_smem(cta, idx, lanes, False, ins, remote)
+        data = b.smem[cta[:, None], idx]
     else:
         raise PtxUnsupported(f"{space} load: {ins.text}")
     if len(lanes) == 0:
@@ -1276,6 +1461,11 @@ def _st(b, ins, mask, active):
         addr = _address(b, ins.args[0], lanes).astype(np.int64)
         cta, idx = b.smem_index(addr, w * n, ins, lanes)
         b.note_smem(cta, idx, lanes, True, ins)
+        b.smem[cta[:, None], idx] = data
+    elif space == "shared::cluster":
+        addr = _address(b, ins.args[0], lanes).astype(np.int64)
+        cta, idx, remote = b.dsmem_index(addr, w * n, ins, lanes)
+        b.note_smem(cta, idx, lanes, True, ins, remote)
         b.smem[cta[:, None], idx] = data
     else:
         raise PtxUnsupported(f"{space} store: {ins.text}")
@@ -1317,6 +1507,50 @@ def _bar(b, ins, mask, active):
         b.full_warps(mask, "bar.warp.sync")
         return
     raise PtxUnsupported(ins.op)
+
+
+def _bar_cluster(b, ins, mask, active):
+    """barrier.cluster.arrive[.relaxed|.release][.aligned] / barrier.cluster.wait[.acquire]
+    [.aligned]: each thread alternates arrive and wait; a wait returns once every thread of
+    the cluster has arrived in its phase (a release arrive + the wait order all their
+    accesses before it; a relaxed arrive orders nothing)."""
+    kind, sem = ins.parts[2], set(ins.parts[3:])
+    allowed = {"arrive": {"relaxed", "release", "aligned"}, "wait": {"acquire", "aligned"}}
+    if kind not in allowed or not sem <= allowed[kind] or {"relaxed", "release"} <= sem:
+        raise PtxUnsupported(ins.op)
+    if not (mask == active).all():
+        raise PtxUnsupported(f"predicated barrier: {ins.text}")
+    if "aligned" in sem:
+        b.full_warps(mask, ins.op)
+    lanes = np.nonzero(mask)[0]
+    if kind == "arrive":
+        b.cluster_arrive(lanes, "relaxed" not in sem, ins)
+    else:
+        b.cluster_wait(lanes, ins)
+
+
+def _barrier(b, ins, mask, active):
+    if ins.parts[1] == "cluster":
+        return _bar_cluster(b, ins, mask, active)
+    return _bar(b, ins, mask, active)
+
+
+def _mapa(b, ins, mask, active):
+    """mapa.shared::cluster.u32 d, a, rank: shared address a's offset in CTA ``rank`` of the
+    cluster, as a shared::cluster address (rank + 1 in bits 24..)."""
+    if ins.op not in ("mapa.shared::cluster.u32", "mapa.shared::cluster.b32"):
+        raise PtxUnsupported(ins.op)
+    a = b.read(ins.args[1], "u32")
+    rank = b.read(ins.args[2], "u32")
+    bad = mask & (a >> np.uint32(_RANK_SHIFT) > b.csize)
+    if bad.any():
+        raise PtxError(f"mapa of {int(a[bad][0]):#x}, not a shared address: {ins.text}")
+    bad = mask & (rank >= b.csize)
+    if bad.any():
+        raise PtxError(f"mapa to CTA rank {int(rank[bad][0])} of a cluster of {b.csize} CTAs "
+                       f"(%cluster_nctarank): {ins.text}")
+    d = (a & np.uint32(_OFFSET_MASK)) | ((rank + np.uint32(1)) << np.uint32(_RANK_SHIFT))
+    b.write(ins.args[0], d, mask)
 
 
 def _shfl(b, ins, mask, active):
@@ -1547,9 +1781,11 @@ def _wgmma(b, ins, mask, active):
             if (b.writer[cta, idx] >= 0).any():
                 raise PtxError("shared-memory race: wgmma reads bytes written since the CTA's "
                                f"last barrier: {ins.text}")
-            warps_here = np.unique(b.warp[lanes])
+            warps_here = np.unique(b.warp_id[lanes])
             rd = b.reader[cta, idx]
-            b.reader[cta, idx] = np.where(rd == -1, int(warps_here[0]), -2)
+            several = -2 if not b.foreign[cta] else \
+                b.several_readers(np.array([cta]), rd, len(idx), None)
+            b.reader[cta, idx] = np.where(rd == -1, int(warps_here[0]), several)
         Bm = b.smem[cta][offs.ravel()[:, None] + np.arange(2)].reshape(n, 16, 2)
         Bm = np.ascontiguousarray(Bm).view(np.float16).reshape(n, 16).astype(np.float64)
         g, t = np.arange(32) // 4, np.arange(32) % 4
@@ -1622,8 +1858,8 @@ def _cp(b, ins, mask, active):
                 b.pending_cp[c[:, None], i] -= 1
                 b.smem[c[:, None], i] = r.data[done]
                 if b.check_races:
-                    b.writer[c[:, None], i] = b.warp[r.lane[done]][:, None]
-                    b.unfenced[c[:, None], i] = b.thread[r.lane[done]][:, None] + 1
+                    b.writer[c[:, None], i] = b.warp_id[r.lane[done]][:, None]
+                    b.unfenced[c[:, None], i] = r.lane[done][:, None] + 1
             if (~done).any():
                 still.append(_CpAsync(r.lane[~done], r.seq[~done], r.cta[~done],
                                       r.dst[~done], r.data[~done]))
@@ -1634,10 +1870,14 @@ def _cp(b, ins, mask, active):
 
 def _fence(b, ins, mask, active):
     if ins.op.startswith("fence.proxy.async"):
-        t1 = b.thread[mask] + 1
-        for c in np.unique(b.cta[mask]).tolist():
-            row = b.unfenced[c]
-            row[np.isin(row, t1[b.cta[mask] == c])] = 0
+        # The fencing threads' own generic-proxy writes (unfenced holds the writer's lane + 1)
+        # in their CTA's window, or in every window of their cluster unless .shared::cta.
+        group = 1 if "shared::cta" in ins.parts else b.csize
+        lanes = np.nonzero(mask)[0]
+        rows = b.cta[lanes] // group
+        for g in np.unique(rows).tolist():
+            block = b.unfenced[g * group:(g + 1) * group]
+            block[np.isin(block, lanes[rows == g] + 1)] = 0
         return
     if ins.op in ("fence.acq_rel.gpu", "fence.sc.gpu"):
         return
@@ -1662,18 +1902,30 @@ _HANDLERS = {
     "not": _not, "shl": _shift(True), "shr": _shift(False), "shf": _shf, "lop3": _lop3,
     "prmt": _prmt, "dp4a": _dp4a, "setp": _setp, "selp": _selp, "mov": _mov, "cvt": _cvt,
     "ld": _ld, "st": _st, "bra": _bra, "ret": _ret, "exit": _ret, "bar": _bar,
-    "barrier": _bar, "shfl": _shfl, "mma": _mma, "wgmma": _wgmma, "cp": _cp, "fence": _fence,
+    "barrier": _barrier, "mapa": _mapa, "shfl": _shfl, "mma": _mma, "wgmma": _wgmma,
+    "cp": _cp, "fence": _fence,
     "griddepcontrol": _griddepcontrol, "match": _match, "popc": _popc,
 }
 
 
+def _cluster_order(grid, cluster) -> list:
+    """The CTAs of ``grid``, cluster by cluster (clusters x-fastest), each cluster's CTAs in
+    rank order (x-fastest): without clusters, the CTAs x-fastest."""
+    n = [g // c for g, c in zip(grid, cluster)]
+    cx, cy, cz = cluster
+    return [(X * cx + x, Y * cy + y, Z * cz + z)
+            for Z in range(n[2]) for Y in range(n[1]) for X in range(n[0])
+            for z in range(cz) for y in range(cy) for x in range(cx)]
+
+
 def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory: GlobalMemory,
            smem_bytes: int, *, check_races: bool = True, max_lanes: int = 4096,
-           max_steps: int = 5_000_000, launch_id: int = 0, unordered=()):
+           max_steps: int = 5_000_000, launch_id: int = 0, unordered=(), cluster=None):
     """Run ``kernel`` of ``module`` over ``grid`` x ``block`` threads. ``args``: one 64-bit
     value per kernel parameter (a buffer address from ``memory.alloc`` for a tensor), written
     at the start of each parameter's bytes. CTAs run in batches of up to ``max_lanes``
-    threads (shared memory and barriers are per CTA within a batch). ``launch_id``: this
+    threads (shared memory and barriers are per CTA within a batch), made of whole clusters
+    (``cluster``: its dims, None for (1, 1, 1); at least one cluster a batch). ``launch_id``: this
     launch's number in its stream; ``unordered``: the numbers of earlier launches that may
     still run beside it (a programmatic dependent launch): its threads may touch their bytes
     only after griddepcontrol.wait."""
@@ -1689,11 +1941,16 @@ def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory:
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = tuple(block) + (1,) * (3 - len(block))
     nt = block[0] * block[1] * block[2]
-    ctas = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
-    per = max(1, max_lanes // nt)
+    cluster = (1, 1, 1) if cluster is None else tuple(int(c) for c in cluster) + \
+        (1,) * (3 - len(cluster))
+    if any(c < 1 or g % c for g, c in zip(grid, cluster)):
+        raise ValueError(f"{kernel}: grid {grid} is not divisible by the cluster {cluster}")
+    ctas = _cluster_order(grid, cluster)
+    csize = cluster[0] * cluster[1] * cluster[2]
+    per = max(1, max_lanes // (nt * csize)) * csize
     for i in range(0, len(ctas), per):
         batch = _Batch(entry, memory, bytes(params), ctas[i:i + per], block, grid, smem_bytes,
-                       check_races)
+                       check_races, cluster)
         try:
             batch.run(max_steps)
         except PtxError as e:

@@ -20,7 +20,10 @@ Pipeline of one MoE layer on the GPU (``moe_gpu``): one XLA custom call (``moe_l
      the row's fp16-boundary scale, Hadamard-128, fp16 (1 launch). Per-route plans (one
      token, one route per block: decode at few routes per expert) do this inside FC1 instead
      (GroupedMmaConfig.rotate_in: each FC1 CTA rotates its route's row into shared memory while
-     its first weight words load), so they launch 4 kernels;
+     its first weight words load), so they launch 4 kernels. With EXL3_JAX_MOE_CLUSTER=auto
+     (GroupedMmaConfig.cluster; off until timed on a GPU) FC1 runs in thread-block clusters
+     of up to 8 CTAs of one plane and route, each rotating its share of the row into every
+     CTA's shared memory;
   2. FC1: gate and up grouped GEMM over w13 in one launch (this file's mma.sync kernel, or for
      "wgmma" plans on Hopper the grouped form of ffi/trellis_wgmma.py's kernel, which
      decodes each block's expert once per CTA into wgmma's A registers; the same for FC2);
@@ -80,10 +83,12 @@ from exl3_jax.ops.moe_routing import (PackedRoutes, combine_routes, gather_exper
 from exl3_jax.trellis import Exl3Weight
 
 from . import trellis_gemm as tg
-from .cute_ops import block_row_col, cta_thread_ids, hadamard128_lane, lane_funnels
+from .cute_ops import (block_row_col, cluster_arrive, cluster_rank, cluster_wait,
+                       cta_thread_ids, hadamard128_lane, lane_funnels)
 from .hadamard import SCALE as HAD_SCALE
 from .hadamard import (WARPS, HadamardConfig, abs_max, cta_max, power_of_two_inverse,
-                       rotation_inputs, row_blocks, row_scale, store_rotated)
+                       rotation_inputs, row_blocks, row_scale, store_rotated,
+                       store_rotated_cluster)
 from .trellis_geometry import B_REGS, lane_geometry, supported_rates, token_fragment_word
 from .trellis_mma import (MmaTiling, chunk_operands, chunk_registers, fold_warp_partials,
                           fragments_of_words,
@@ -101,6 +106,11 @@ PDL_ENV = "EXL3_JAX_MOE_PDL"         # "0": the layer's kernels as ordinary stre
 # Tuning: "fc1=n_tiles,warps,splits,unroll;fc2=..." replaces the plan's CTA shape of that
 # projection (either may be left out); checked by GroupedMmaConfig.validate at trace time.
 GEMM_ENV = "EXL3_JAX_MOE_GEMM"
+# FC1 of per-route plans: CTAs per cluster sharing a route's rotation ("auto": the largest of
+# 8, 4, 2 that GroupedMmaConfig.validate accepts; "1", the default until it is timed on a GPU
+# (bench/NOTES.md, session 43; call 98): every CTA rotates its row itself).
+CLUSTER_ENV = "EXL3_JAX_MOE_CLUSTER"
+CLUSTER_DEFAULT = "1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +140,12 @@ class GroupedMmaConfig(MmaTiling):
     # overlaps the first weight loads. One slab, two planes.
     rotate_in: bool = False
     top_k: int = 0
+    # rotate_in only: CTAs per thread-block cluster along the n-tile axis (grid x). The CTAs
+    # of a cluster share a plane and a route, so they share one rotation: each rotates 1 /
+    # cluster of the row's 128-blocks and stores it into every CTA's shared memory (sm_90
+    # distributed shared memory), instead of every CTA rotating the whole row (session 41:
+    # the repeated rotation costs up to 2.2 us of the Qwen3-30B-A3B layer at m = 1). 1: none.
+    cluster: int = 1
     # Per-route plans (route r alone in block r, the block's rows 1.. padding): every lane
     # reads row 0's activation words, so a warp load touches one row's line instead of 8 rows'
     # (7 of them padding); the padding rows' partials are then copies of row 0's, never read.
@@ -184,6 +200,12 @@ class GroupedMmaConfig(MmaTiling):
             raise ValueError("rotate_in (FC1 of a per-route plan) needs one slab, 2 planes, "
                              "top_k >= 1 dividing the blocks, k a multiple of 128 and "
                              "blocks of 8 rows")
+        if self.cluster != 1 and not (self.rotate_in and self.cluster in (2, 4, 8)
+                                      and self.grid[0] % self.cluster == 0
+                                      and (self.k // 128) % self.cluster == 0):
+            raise ValueError(f"cluster {self.cluster}: needs rotate_in and 2, 4 or 8 CTAs "
+                             f"dividing both the n-tile CTAs ({self.grid[0]}) and the row's "
+                             f"128-blocks ({self.k // 128})")
         if len(self.tiers) > MAX_TIERS:
             raise ValueError(f"{len(self.tiers)} tiers; one launch serves at most {MAX_TIERS}")
         self.check_tiling()
@@ -250,6 +272,11 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
     # scales it writes [2 * rows] (as rotate_in does); otherwise never read.
     tid, lane, warp, (bx, by, bz) = cta_thread_ids()
     cute.arch.griddepcontrol_launch_dependents()      # see launch_moe_layer
+    if cutlass.const_expr(cfg.cluster > 1):
+        # Its wait, before the first store into another CTA, proves that every CTA of the
+        # cluster has started (CUDA's rule for distributed shared memory); arriving here lets
+        # the row's loads and the first weight loads cover the barrier's latency.
+        cluster_arrive(release=False)
     plane = bz // cfg.blocks
     blk = bz % cfg.blocks
     expert = Int32(bexp[blk])
@@ -303,8 +330,15 @@ def _grouped_mma_kernel(xw: cute.Tensor, tw0: cute.Tensor, tw1: cute.Tensor, tw2
             inv = power_of_two_inverse(s)
             xh = cutlass.memory.SmemAllocator().allocate_tensor(
                 Float16, cute.make_layout(2 * cfg.k), 16)
-            store_rotated(vals, blocks, inv, lane, xh, 0, token_fragment_word)
-            cute.arch.sync_threads()
+            if cutlass.const_expr(cfg.cluster > 1):
+                cluster_wait()
+                store_rotated_cluster(vals, blocks, inv, lane, warp, cluster_rank(),
+                                      xh.iterator.toint(), cfg.k, cfg.warps, cfg.cluster)
+                cluster_arrive()
+                cluster_wait()
+            else:
+                store_rotated(vals, blocks, inv, lane, xh, 0, token_fragment_word)
+                cute.arch.sync_threads()
             xs = cute.recast_tensor(xh, Uint32)
         if cutlass.const_expr(cfg.x_layout == "token" and not cfg.rotate_in):
             # FC2: this split's part of the activation kernel's row (already in this order)
@@ -406,7 +440,8 @@ def _launch_grouped_gemm(xw, tws, bexp, etier, eslot, out, rotate_args, cfg, str
             launch_grouped_wgmma(xw, tws[t], bexp, etier, eslot, out, c, stream)
     else:
         _grouped_mma_kernel(xw, *tws, bexp, etier, eslot, out, *rotate_args, cfg).launch(
-            grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream, use_pdl=use_pdl)
+            grid=cfg.grid, block=(cfg.threads, 1, 1), stream=stream, use_pdl=use_pdl,
+            **({"cluster": (cfg.cluster, 1, 1)} if cfg.cluster > 1 else {}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -882,7 +917,7 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
     xscale = (jnp.asarray(x_scale, jnp.float32).reshape(-1) if scaled
               else jnp.ones((1,), jnp.float32))
     if kr.per_route and not cfg1.tiers:       # FC1 rotates its route's row itself
-        cfg1 = dataclasses.replace(cfg1, rotate_in=True, top_k=top_k).validate()
+        cfg1 = rotation_cluster(dataclasses.replace(cfg1, rotate_in=True, top_k=top_k))
     elif kr.per_route:                        # tiers: FC1 reads rotate_in's rows
         cfg1 = dataclasses.replace(cfg1, one_row=True).validate()
     if kr.per_route:
@@ -916,6 +951,21 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
     out = cutlass_call(launch_moe_layer, output_shape_dtype=shapes, cfg=cfg,
                        input_output_aliases=aliases, compile_options=tg._cute_options())(*args)
     return out[2].reshape(T, H)
+
+
+def rotation_cluster(cfg: GroupedMmaConfig, spec: str | None = None) -> GroupedMmaConfig:
+    """``cfg`` (FC1 with rotate_in) with its rotation cluster: spec (else $EXL3_JAX_MOE_CLUSTER,
+    else CLUSTER_DEFAULT) "auto" takes the largest of 8, 4, 2 CTAs that divides both the
+    n-tile CTAs and the row's 128-blocks (1 where none does), a number that size (checked)."""
+    spec = (spec if spec is not None else os.environ.get(CLUSTER_ENV, "")) or CLUSTER_DEFAULT
+    if spec == "auto":
+        fits = [c for c in (8, 4, 2) if cfg.grid[0] % c == 0 and (cfg.k // 128) % c == 0]
+        size = fits[0] if fits else 1
+    elif spec.isdigit():
+        size = int(spec)
+    else:
+        raise ValueError(f"{CLUSTER_ENV}={spec!r}: expected 'auto' or a cluster size")
+    return dataclasses.replace(cfg, cluster=size).validate()
 
 
 def fused_glue_default() -> bool:
@@ -1074,10 +1124,10 @@ def _pad(x, k: int):
     return x if d == k else jnp.pad(x, ((0, 0), (0, k - d)))
 
 
-__all__ = ["GEMM_ENV", "GroupedMmaConfig", "GroupedWgmmaConfig", "KernelRoutes", "MAX_TIERS",
-           "PLAN_ENV", "grouped_config", "grouped_partials", "kernel_routes",
-           "launch_grouped_mma", "moe_gpu", "pack_for", "plan_for", "round_robin_tiers",
-           "supports", "with_gemm_override"]
+__all__ = ["CLUSTER_ENV", "GEMM_ENV", "GroupedMmaConfig", "GroupedWgmmaConfig", "KernelRoutes",
+           "MAX_TIERS", "PLAN_ENV", "grouped_config", "grouped_partials", "kernel_routes",
+           "launch_grouped_mma", "moe_gpu", "pack_for", "plan_for", "rotation_cluster",
+           "round_robin_tiers", "supports", "with_gemm_override"]
 
 
 # ---------------------------------------------------------------------------------------------

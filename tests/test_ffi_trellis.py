@@ -1590,3 +1590,40 @@ def test_moe_glue_grids_visit_each_read_row_once(per_route, planes):
     rows = range(0, blocks * block_m, block_m) if per_route else range(blocks * block_m)
     assert [cfg.live_row(c) for c in range(cfg.in_grid[0])] == [
         (p, r) for p in range(planes) for r in rows]
+
+
+@needs_cutlass
+def test_fc1_rotation_cluster_choice_and_its_checks(monkeypatch):
+    """FC1's rotation cluster: "auto" takes the largest of 8, 4, 2 dividing both the n-tile
+    CTAs and the row's 128-blocks (the three bench geometries: 8, 4, 8), the default is none
+    until it is timed, and a size that does not fit, or a cluster without rotate_in, is
+    refused by name."""
+    import dataclasses
+
+    from exl3_jax.ffi import trellis_moe as tm
+    from exl3_jax.ops.moe_plans import moe_plan
+
+    def fc1(H, I, E=128, top_k=8):
+        plan = moe_plan(1, top_k, E, H, I, kind="decode")
+        gp = plan.fc1
+        return tm.GroupedMmaConfig(codebook="mcg", K=4, experts=E, planes=2, k=H, n=I,
+                                   block_m=8, blocks=top_k, n_tiles=gp.n_tiles,
+                                   warps=gp.warps, splits=gp.splits, unroll=gp.unroll,
+                                   rotate_in=True, top_k=top_k)
+
+    monkeypatch.delenv(tm.CLUSTER_ENV, raising=False)
+    qwen3, air, glm = fc1(2048, 768), fc1(4096, 1408), fc1(6144, 512, 256)
+    assert tm.rotation_cluster(qwen3).cluster == 1          # the default: off
+    got = [tm.rotation_cluster(c, "auto") for c in (qwen3, air, glm)]
+    assert [c.cluster for c in got] == [8, 4, 8]
+    for c in got:
+        assert c.grid[0] % c.cluster == 0 and (c.k // 128) % c.cluster == 0
+    monkeypatch.setenv(tm.CLUSTER_ENV, "auto")
+    assert tm.rotation_cluster(qwen3).cluster == 8
+    assert tm.rotation_cluster(fc1(384, 256), "auto").cluster == 1    # 3 blocks: none fits
+    with pytest.raises(ValueError, match="cluster 8: .*n-tile CTAs \\(44\\)"):
+        tm.rotation_cluster(air, "8")
+    with pytest.raises(ValueError, match="needs rotate_in"):
+        dataclasses.replace(qwen3, rotate_in=False, cluster=2).validate()
+    with pytest.raises(ValueError, match="EXL3_JAX_MOE_CLUSTER='big'"):
+        tm.rotation_cluster(qwen3, "big")

@@ -81,6 +81,29 @@ def test_moe_kernels_compile_and_export(arch, tmp_path):
                                         + (["_pack_routes_kernel"] if sorted_ else [])), row
 
 
+# FC1's rotation shared by a thread-block cluster (EXL3_JAX_MOE_CLUSTER=auto; off by default
+# until timed): clusters of 2 (2 row blocks) and 8 (the Qwen3-30B-A3B layer), both arches.
+CLUSTER_CASES = [["3inst", 2, 1, "decode", 8, 256, 128, 2],
+                 ["mul1", 3.5, 1, "decode", 128, 2048, 768, 8]]
+
+
+@needs_cutlass
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_moe_cluster_rotation_compiles_without_spills(arch, tmp_path):
+    check_rows("exl3_jax.ffi.trellis_moe", CLUSTER_CASES, arch,
+               env={"CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": str(tmp_path),
+                    "EXL3_JAX_MOE_CLUSTER": "auto"})
+    if helpers_sass.nvdisasm() is None:
+        pytest.skip("nvdisasm not installed: the cubins are not inspected")
+    cubins = sorted(tmp_path.glob("*.cubin"))
+    assert len(cubins) == len(CLUSTER_CASES)
+    assert not helpers_sass.spilling_cubins(tmp_path)
+    for cubin in cubins:     # the cluster barrier's arrive and wait, distributed stores
+        ops = [ins.split()[0] for _, ins in helpers_sass.disassemble(str(cubin))]
+        assert {"UCGABAR_ARV", "UCGABAR_WAIT"} <= set(ops), cubin.name
+        assert sum(op.startswith("ST.E.128") for op in ops) >= 2, cubin.name
+
+
 # The wgmma plan (Hopper only: sm_90a): blocks of 128, 64 and 32 rows, each codebook, a half
 # rate, x_scale, a padded intermediate size, and a two-tier layer (one launch per tier).
 WGMMA_CASES = [

@@ -16,9 +16,10 @@ HEADER = ".version 8.8\n.target sm_90a\n.address_size 64\n"
 
 
 def run(body: str, inputs: list[np.ndarray], out_bytes: int, *, threads=32, ctas=1, smem=0,
-        regs: str = "", shared_decl: bool = False):
-    """Run ``body`` as kernel k(in0.., out) over ``ctas`` x ``threads``; returns the output
-    buffer's bytes."""
+        regs: str = "", shared_decl: bool = False, cluster=None, **launch_kw):
+    """Run ``body`` as kernel k(in0.., out) over ``ctas`` (a count along x, or a grid) x
+    ``threads``, in clusters of ``cluster`` CTAs if given; returns the output buffer's
+    bytes."""
     params = ", ".join(f".param .u64 p{i}" for i in range(len(inputs) + 1))
     text = HEADER + (".extern .shared .align 1024 .b8 smem[];\n" if shared_decl else "") + \
         f".visible .entry k({params})\n{{\n" + \
@@ -27,7 +28,9 @@ def run(body: str, inputs: list[np.ndarray], out_bytes: int, *, threads=32, ctas
     module = pi.PtxModule(text)
     mem = pi.GlobalMemory()
     addrs = [mem.alloc(x) for x in inputs] + [mem.alloc(out_bytes)]
-    pi.launch(module, "k", (ctas, 1, 1), (threads, 1, 1), addrs, mem, smem)
+    grid = ctas if isinstance(ctas, tuple) else (ctas, 1, 1)
+    pi.launch(module, "k", grid, (threads, 1, 1), addrs, mem, smem, cluster=cluster,
+              **launch_kw)
     return mem.read(addrs[-1])
 
 
@@ -479,3 +482,164 @@ ret;
         go("")
     with pytest.raises(pi.PtxError, match="ld.global.nc of .* bytes this kernel wrote"):
         go("griddepcontrol.wait;", "ld.global.nc.u32 %r2, [%rd3];")
+
+
+# --- thread-block clusters (distributed shared memory) ----------------------------------------
+
+# 64 threads a CTA, clusters of C along x. Thread t of the CTA of rank r loads 16 bytes
+# (in0[ctaid * 64 + t]) and stores them at slot r, offset 16 t of every CTA of its cluster
+# (mapa + st.shared::cluster), then SYNC; then reads every slot s at its offset 16 t (READ)
+# into out[(ctaid * C + s) * 64 + t]. Its special registers go to out + SPECIALS (32 bytes a
+# thread). START: before any DSMEM access; PRE: before the remote stores.
+CLUSTER = """
+ld.param.u64 %rd1, [p0];
+ld.param.u64 %rd2, [p1];
+mov.u32 %r1, %tid.x;
+mov.u32 %r2, %ctaid.x;
+mov.u32 %r3, %cluster_ctarank;
+mov.u32 %r4, %cluster_nctarank;
+mov.u32 %r5, %clusterid.x;
+mov.u32 %r6, %nclusterid.x;
+mov.u32 %r7, %cluster_ctaid.x;
+mov.u32 %r8, %cluster_nctaid.x;
+mad.lo.u32 %r9, %r2, 64, %r1;
+mul.wide.u32 %rd4, %r9, 32;
+add.s64 %rd5, %rd2, %rd4;
+st.global.v4.u32 [%rd5+SPECIALS], {%r3, %r4, %r5, %r6};
+st.global.v4.u32 [%rd5+SPECIALS+16], {%r7, %r8, %r2, %r1};
+START
+mul.wide.u32 %rd6, %r9, 16;
+add.s64 %rd7, %rd1, %rd6;
+ld.global.v4.u32 {%r10, %r11, %r12, %r13}, [%rd7];
+mov.b32 %r14, smem;
+shl.b32 %r15, %r1, 4;
+add.s32 %r14, %r14, %r15;
+shl.b32 %r16, %r3, 10;
+add.s32 %r17, %r14, %r16;
+PRE
+mov.u32 %r18, 0;
+$STORE:
+mapa.shared::cluster.u32 %r19, %r17, %r18;
+st.shared::cluster.v4.b32 [%r19], {%r10, %r11, %r12, %r13};
+add.u32 %r18, %r18, 1;
+setp.lt.u32 %p1, %r18, LIMIT;
+@%p1 bra $STORE;
+SYNC
+mov.u32 %r18, 0;
+$LOAD:
+shl.b32 %r20, %r18, 10;
+add.s32 %r21, %r14, %r20;
+READ
+mad.lo.u32 %r26, %r2, %r4, %r18;
+mad.lo.u32 %r27, %r26, 64, %r1;
+mul.wide.u32 %rd8, %r27, 16;
+add.s64 %rd9, %rd2, %rd8;
+st.global.v4.u32 [%rd9], {%r22, %r23, %r24, %r25};
+add.u32 %r18, %r18, 1;
+setp.lt.u32 %p1, %r18, %r4;
+@%p1 bra $LOAD;
+ret;
+"""
+_CLUSTER_PARTS = dict(
+    START="barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;", PRE="",
+    LIMIT="%r4", SYNC="barrier.cluster.arrive.release.aligned;\n"
+    "barrier.cluster.wait.acquire.aligned;",
+    READ="ld.shared::cluster.v4.b32 {%r22, %r23, %r24, %r25}, [%r21];")
+
+
+def _run_cluster(src, ctas, c, max_lanes=4096, **change):
+    parts = dict(_CLUSTER_PARTS, **change)
+    specials = ctas * c * 64 * 16
+    body = CLUSTER.replace("SPECIALS+16", str(specials + 16)).replace("SPECIALS", str(specials))
+    for k in ("START", "PRE", "LIMIT", "SYNC", "READ"):
+        body = body.replace(k, parts[k])
+    out = run(body, [src], specials + ctas * 64 * 32, threads=64, ctas=ctas, smem=c * 1024,
+              shared_decl=True, cluster=(c, 1, 1), max_lanes=max_lanes)
+    return (out[:specials].view(np.uint32).reshape(ctas, c, 64, 4),
+            out[specials:].view(np.uint32).reshape(ctas, 64, 8))
+
+
+@pytest.mark.parametrize("c,max_lanes", [(4, 4096), (2, 64), (8, 4096), (4, 256)])
+def test_cluster_ctas_exchange_through_distributed_shared_memory(rng, c, max_lanes):
+    ctas = 8
+    src = rng.integers(0, 2**32, size=(ctas, 64, 4), dtype=np.uint64).astype(np.uint32)
+    slots, specials = _run_cluster(src, ctas, c, max_lanes=max_lanes)
+    cta = np.arange(ctas)
+    # Slot s of CTA x holds what the CTA of rank s of x's cluster loaded.
+    np.testing.assert_array_equal(slots, src[(cta // c * c)[:, None] + np.arange(c)])
+    want = np.stack([cta % c, np.full(ctas, c), cta // c, np.full(ctas, ctas // c), cta % c,
+                     np.full(ctas, c), cta], 1)
+    np.testing.assert_array_equal(specials[:, :, :7], np.broadcast_to(want[:, None], (ctas, 64, 7)))
+    np.testing.assert_array_equal(specials[:, :, 7], np.broadcast_to(np.arange(64), (ctas, 64)))
+
+
+def test_cluster_special_registers_of_a_2d_cluster():
+    # Grid (4, 6, 2), clusters (2, 3, 1): each thread 0 writes its CTA's cluster registers.
+    regs = ["%ctaid.x", "%ctaid.y", "%ctaid.z", "%cluster_ctarank", "%cluster_nctarank",
+            "%cluster_ctaid.x", "%cluster_ctaid.y", "%cluster_ctaid.z", "%clusterid.x",
+            "%clusterid.y", "%clusterid.z", "%nclusterid.x", "%nclusterid.y", "%nclusterid.z",
+            "%cluster_nctaid.x", "%cluster_nctaid.y"]
+    body = "ld.param.u64 %rd1, [p0];\nmov.u32 %r1, %tid.x;\nsetp.ne.u32 %p1, %r1, 0;\n" \
+        "@%p1 bra $END;\nmov.u32 %r2, %ctaid.z;\nmov.u32 %r3, %ctaid.y;\n" \
+        "mov.u32 %r4, %ctaid.x;\nmad.lo.u32 %r5, %r2, 6, %r3;\nmad.lo.u32 %r5, %r5, 4, %r4;\n" \
+        "mul.wide.u32 %rd2, %r5, 64;\nadd.s64 %rd3, %rd1, %rd2;\n" + "".join(
+            f"mov.u32 %r{10 + i}, {r};\nst.global.u32 [%rd3+{4 * i}], %r{10 + i};\n"
+            for i, r in enumerate(regs)) + "$END:\nret;"
+    out = run(body, [], 48 * 64, ctas=(4, 6, 2), cluster=(2, 3, 1), max_lanes=96)
+    got = out.view(np.uint32).reshape(2, 6, 4, 16)
+    z, y, x = np.meshgrid(np.arange(2), np.arange(6), np.arange(4), indexing="ij")
+    want = np.stack([x, y, z, x % 2 + 2 * (y % 3), np.full_like(x, 6), x % 2, y % 3, z * 0,
+                     x // 2, y // 3, z, np.full_like(x, 2), np.full_like(x, 2),
+                     np.full_like(x, 2), np.full_like(x, 2), np.full_like(x, 3)], -1)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"grid \(4, 6, 2\) is not divisible by the cluster "
+                       r"\(4, 4, 1\)"):
+        run(body, [], 48 * 64, ctas=(4, 6, 2), cluster=(4, 4))
+
+
+_RELAXED = "barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;"
+
+
+@pytest.mark.parametrize("change,error,message", [
+    # Remote stores ordered for the local reads by bar.sync only (it orders one CTA).
+    (dict(SYNC="bar.sync 0;"), pi.PtxError, "read-after-write.*cluster barrier"),
+    # A relaxed arrive releases nothing.
+    (dict(SYNC=_RELAXED), pi.PtxError, "read-after-write"),
+    # Stores after the (release) arrive are not ordered by its wait.
+    (dict(PRE="barrier.cluster.arrive.release.aligned;",
+          SYNC="barrier.cluster.wait.acquire.aligned;"), pi.PtxError, "read-after-write"),
+    # DSMEM before a cluster barrier guarantees the other CTAs have started.
+    (dict(START=""), pi.PtxError, "before the cluster barrier that guarantees every CTA"),
+    # The CTA of rank 1 skips the barrier.
+    (dict(SYNC="setp.eq.u32 %p2, %r3, 1;\n@%p2 bra $SKIP;\nbarrier.cluster.arrive.aligned;\n"
+          "barrier.cluster.wait.aligned;\n$SKIP:"), pi.PtxError, "part of a cluster"),
+    # Rank 1 exits before arriving.
+    (dict(SYNC="setp.eq.u32 %p2, %r3, 1;\n@%p2 ret;\nbarrier.cluster.arrive.aligned;\n"
+          "barrier.cluster.wait.aligned;"), pi.PtxError, "exited without arriving"),
+    (dict(LIMIT="5"), pi.PtxError, r"mapa to CTA rank 4 of a cluster of 4"),
+    (dict(READ="mapa.shared::cluster.u32 %r21, %r21, %r3;\n"
+          "ld.shared.v4.u32 {%r22, %r23, %r24, %r25}, [%r21];"), pi.PtxError,
+     "used as a shared::cta address"),
+    (dict(START="barrier.cluster.wait.aligned;"), pi.PtxError, "wait without a prior"),
+    (dict(START="barrier.cluster.arrive.aligned;\n" + _RELAXED), pi.PtxError,
+     "arrived and has not waited"),
+    (dict(START="setp.lt.u32 %p2, %r1, 16;\n@%p2 bra $HALF;\n"
+          "barrier.cluster.arrive.aligned;\n$HALF:\n"), pi.PtxError, "part of a warp"),
+])
+def test_cluster_hazards_are_caught(rng, change, error, message):
+    src = rng.integers(0, 2**32, size=(8, 64, 4), dtype=np.uint64).astype(np.uint32)
+    with pytest.raises(error, match=message):
+        _run_cluster(src, 8, 4, **change)
+
+
+def test_remote_reads_race_with_the_owners_writes_until_a_cluster_barrier(rng):
+    # After the exchange, each CTA reads word 0 of slot 0 in the CTA of the next rank, then
+    # that CTA's thread 0 overwrites it: a cluster barrier between them, or a race.
+    src = rng.integers(0, 2**32, size=(8, 64, 4), dtype=np.uint64).astype(np.uint32)
+    read = ("add.u32 %r30, %r3, 1;\nrem.u32 %r30, %r30, %r4;\nmov.b32 %r31, smem;\n"
+            "mapa.shared::cluster.u32 %r32, %r31, %r30;\nld.shared::cluster.u32 %r33, [%r32];\n"
+            "BETWEEN\nsetp.eq.u32 %p3, %r1, 0;\n@%p3 st.shared::cluster.b32 [%r31], %r33;\n")
+    sync = _CLUSTER_PARTS["SYNC"] + "\n" + read
+    _run_cluster(src, 8, 4, SYNC=sync.replace("BETWEEN", _CLUSTER_PARTS["SYNC"]))
+    with pytest.raises(pi.PtxError, match="write-after-read"):
+        _run_cluster(src, 8, 4, SYNC=sync.replace("BETWEEN", "bar.sync 0;"))

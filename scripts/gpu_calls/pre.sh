@@ -132,3 +132,19 @@ issue_table() {
   (cd scripts && timeout 190 python3 gpu_e2e_decode.py --cases dense:1:512,dense_bf16:1:512,dense:8:64,dense_bf16:8:64,moe:1:512,moe:8:64 --codebook mcg --repeats 3 --budget-s 170 --hard-limit-s 185 --out $RES/${1}_e2e.json > $RES/${1}_e2e.log 2>&1)
   t "e2e rc=$?"; grep -E "tok/s" $RES/${1}_e2e.log | cut -c1-200 | head -8; save
 }
+# `moe_cluster_ab TAG ARMS`: bench moe Qwen3-30B-A3B and GLM-5.2 TP4, m 1, 2, 4, no baseline,
+# one process per arm in the order given (calls 98 / 99): s42 (tree s42, 4bd7dc8), cuts (this
+# tree, EXL3_JAX_MOE_CLUSTER=1), here (this tree, clusters on); results $RES/TAG_ARM.{json,log}.
+moe_cluster_ab() {
+  local tag=$1; shift
+  for arm in "$@"; do
+    case $arm in
+      s42) tree s42; unset EXL3_JAX_MOE_CLUSTER;;
+      cuts) tree here; export EXL3_JAX_MOE_CLUSTER=1;;
+      here) tree here; export EXL3_JAX_MOE_CLUSTER=auto;;
+    esac
+    timeout 100 python3 -m exl3_jax.cli bench moe --geometries qwen3-30b-a3b,glm-5.2-tp4 --m 1,2,4 --no-baseline --out $RES/${tag}_$arm.json > $RES/${tag}_$arm.log 2>&1
+    t "bench moe $arm rc=$?"; grep -v -i warn $RES/${tag}_$arm.log | grep -E "m=|us" | cut -c1-90 | head -8; save
+  done
+  unset EXL3_JAX_MOE_CLUSTER; tree here
+}
