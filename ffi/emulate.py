@@ -30,6 +30,9 @@ from . import ptx_interpreter as emu
 
 EMULATE_ENV = "EXL3_JAX_EMULATE"
 TRACE_ENV = "EXL3_JAX_EMULATE_TRACE"      # print each launch's NaN counts (debugging)
+# "1": each LAUNCH_LOG entry also holds ``issued``, the launch's PTX warp-instructions by
+# instruction (ptx_interpreter.launch's counts; scripts/emulated_issue_counts.py)
+COUNT_ENV = "EXL3_JAX_EMULATE_COUNT"
 ARCH_ENV = "CUTE_DSL_ARCH"
 DEFAULT_ARCH = "sm_90a"
 _lock = threading.Lock()
@@ -151,8 +154,10 @@ def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]
                                     f"output{j}")
     kernel_tensors = in_addr + [out_addr[j] for j in range(len(out_shapes)) if j not in aliased]
     trace = os.environ.get(TRACE_ENV, "0") not in ("", "0")
+    count = os.environ.get(COUNT_ENV, "0") not in ("", "0")
     for i, r in enumerate(records):
-        LAUNCH_LOG.append(r)
+        issued = {} if count else None
+        LAUNCH_LOG.append(dict(r, issued=issued) if count else r)
         # A programmatic dependent launch may start while its predecessors back to the last
         # ordinary launch still run (an ordinary launch starts after all before it completed).
         first = i
@@ -160,7 +165,8 @@ def run_call(fn, spec, inputs: list[np.ndarray], out_shapes) -> list[np.ndarray]
             first -= 1
         emu.launch(module, r["kernel"], r["grid"], r["block"],
                    [kernel_tensors[p] for p in r["params"]], mem, r["smem"], launch_id=i,
-                   unordered=range(first, i) if r["pdl"] else (), cluster=r["cluster"])
+                   unordered=range(first, i) if r["pdl"] else (), cluster=r["cluster"],
+                   counts=issued)
         if trace:       # NaN words (as fp32 / fp16) of every buffer the kernel was passed
             counts = {p: (int(np.isnan(b[:len(b) // 4 * 4].view(np.float32)).sum()),
                           int(np.isnan(b[:len(b) // 2 * 2].view(np.float16)).sum()))

@@ -241,13 +241,14 @@ def rotation_inputs(x, suh, src, srow, keep, blocks):
     return vals, amax
 
 
-def rotated_fp16(v, inv, lane):
-    """fp16(H128(v * inv)) of this lane's 4 values (inv: 1 / the row's power-of-two scale):
-    what store_rotated stores (_rotate_store's arithmetic, written there inline: routing it
-    through this helper changed the input kernel's FMA contraction pairs). Plain Python inlined
-    at trace time."""
+def rotated_fp16(v, inv, lane, convert=Float16):
+    """fp16(H128(v * inv)) of this lane's 4 values (inv: 1 / the row's power-of-two scale),
+    each rounded by ``convert`` (Float16, or cute_ops.fp16_in_both for the word of both
+    halves): what store_rotated and store_rotated_cluster store (_rotate_store's arithmetic,
+    written there inline: routing it through this helper changed the input kernel's FMA
+    contraction pairs). Plain Python inlined at trace time."""
     h = hadamard128_lane([vi * inv for vi in v], lane)
-    return [Float16(hi * Float32(SCALE)) for hi in h]
+    return [convert(hi * Float32(SCALE)) for hi in h]
 
 
 @cute.jit
@@ -293,8 +294,7 @@ def store_rotated_cluster(vals: list, blocks: list, inv, lane, warp, rank, xs_ad
     for i in cutlass.range_constexpr(len(blocks)):
         real, c0 = blocks[i]
         if real & ((i * warps + warp) // per == rank):
-            h = hadamard128_lane([vi * inv for vi in vals[i]], lane)
-            w = [fp16_in_both(hi * Float32(SCALE)) for hi in h]
+            w = rotated_fp16(vals[i], inv, lane, convert=fp16_in_both)
             # The lower lane keeps words j = 0, 1 and sends 2, 3; the upper the reverse.
             send = [cutlass.select_(upper, w[j], w[j + 2]) for j in range(2)]
             got = [cute.arch.shuffle_sync_bfly(v, offset=2) for v in send]

@@ -701,9 +701,14 @@ class _Batch:
         np.copyto(r, bits, where=mask)
 
     # -- scheduling ------------------------------------------------------------------------
-    def run(self, max_steps: int):
+    def run(self, max_steps: int, counts=None):
+        """Execute the batch to its end. ``counts`` (a dict, or None): add to counts[op] the
+        warp-instructions each instruction issues (the warps with a lane at it, predicated
+        off or not; the two sides of a divergent branch issue separately), by its first name
+        part (ld, mma, shfl, ...)."""
         code = self.e.code
         steps = 0
+        warp_starts = np.flatnonzero(self.lane == 0) if counts is not None else None
         while True:
             cur = int(self.pc.min())
             if cur == _EXITED_PC:
@@ -726,6 +731,10 @@ class _Batch:
             handler = _HANDLERS.get(ins.parts[0])
             if handler is None:
                 raise PtxUnsupported(f"instruction {ins.op}: {ins.text}")
+            if counts is not None:
+                op = ins.parts[0]
+                counts[op] = counts.get(op, 0) + int(
+                    np.logical_or.reduceat(active, warp_starts).sum())
             jumped = handler(self, ins, mask, active)
             if not jumped:
                 self.pc += active          # bool adds 0 / 1: cheaper than a masked +=
@@ -1920,7 +1929,8 @@ def _cluster_order(grid, cluster) -> list:
 
 def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory: GlobalMemory,
            smem_bytes: int, *, check_races: bool = True, max_lanes: int = 4096,
-           max_steps: int = 5_000_000, launch_id: int = 0, unordered=(), cluster=None):
+           max_steps: int = 5_000_000, launch_id: int = 0, unordered=(), cluster=None,
+           counts=None):
     """Run ``kernel`` of ``module`` over ``grid`` x ``block`` threads. ``args``: one 64-bit
     value per kernel parameter (a buffer address from ``memory.alloc`` for a tensor), written
     at the start of each parameter's bytes. CTAs run in batches of up to ``max_lanes``
@@ -1928,7 +1938,9 @@ def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory:
     (``cluster``: its dims, None for (1, 1, 1); at least one cluster a batch). ``launch_id``: this
     launch's number in its stream; ``unordered``: the numbers of earlier launches that may
     still run beside it (a programmatic dependent launch): its threads may touch their bytes
-    only after griddepcontrol.wait."""
+    only after griddepcontrol.wait. ``counts``: a dict to which the launch adds the
+    warp-instructions it issues, by instruction (``_Batch.run``): PTX, not SASS (ptxas
+    schedules, folds and expands), so a measure of a kernel change's issue work, not time."""
     memory.launch_id, memory.unordered = launch_id, frozenset(unordered)
     entry = module.entry(kernel)
     if len(args) != len(entry.params):
@@ -1952,7 +1964,7 @@ def launch(module: PtxModule, kernel: str, grid, block, args: list[int], memory:
         batch = _Batch(entry, memory, bytes(params), ctas[i:i + per], block, grid, smem_bytes,
                        check_races, cluster)
         try:
-            batch.run(max_steps)
+            batch.run(max_steps, counts)
         except PtxError as e:
             raise PtxError(f"{kernel} (grid {grid}, block {block}, CTAs {ctas[i]}.."
                            f"{ctas[min(i + per, len(ctas)) - 1]}): {e}") from None

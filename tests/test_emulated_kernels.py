@@ -208,6 +208,8 @@ rng = np.random.default_rng(int(sys.argv[1]))
 for T, top_k, E, H, I, spec in json.loads(sys.argv[2]):
     w13, down = gv.random_moe(rng, E, H, I, 4, "mcg")
     x, ids, w = gv.draw_tokens(rng, T, H, top_k, E, invalid=0.2)
+    ids = np.asarray(ids).copy()
+    ids[0, 0] = rng.integers(E)          # at least one route with an expert: ref != 0
     plan = moe_plan(T, top_k, E, H, I, kind="decode", packing="per_route")
     outs, clusters = [], []
     for env in (spec, "1"):
@@ -240,6 +242,23 @@ def test_fc1_cluster_rotation_is_bitwise_the_per_cta_rotation(rng):
     for row, want in zip(rows, ["(8, 1, 1)", "(4, 1, 1)", "(2, 1, 1)"]):
         assert want in row["clusters"][0] and row["clusters"][1] == ["None"], row
         assert row["same"] and row["nonfinite"] == 0 and row["rel"] <= 2e-3, row
+
+
+@needs_cutlass
+def test_issue_counts_see_the_cluster_rotation_remove_fc1_work():
+    """scripts/emulated_issue_counts.py on a small per-route layer (clusters of 8): FC1 issues
+    fewer warp-instructions with the shared rotation, and the other kernels exactly as many."""
+    proc = _emulated(["emulated_issue_counts.py", "moe", "1,2,8,1024,256",
+                      "--env", "EXL3_JAX_MOE_CLUSTER=1,auto"], timeout=600)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    runs = {v: [r for r in rows if r.get("variant") == v] for v in ("1", "auto")}
+    assert len(runs["1"]) == len(runs["auto"]) == 4, proc.stdout[-2000:]
+    for off, on in zip(runs["1"], runs["auto"]):
+        assert off["kernel"] == on["kernel"] and off["issued"] > 0, (off, on)
+        if on["cluster"]:                 # FC1: 8 CTAs a cluster, less issued
+            assert on["cluster"] == [8, 1, 1] and on["issued"] < 0.97 * off["issued"], on
+        else:
+            assert on["issued"] == off["issued"], (off, on)
 
 
 # The decode kernel with its loads through the cp.async ring (MmaConfig.ring) against the same

@@ -643,3 +643,26 @@ def test_remote_reads_race_with_the_owners_writes_until_a_cluster_barrier(rng):
     _run_cluster(src, 8, 4, SYNC=sync.replace("BETWEEN", _CLUSTER_PARTS["SYNC"]))
     with pytest.raises(pi.PtxError, match="write-after-read"):
         _run_cluster(src, 8, 4, SYNC=sync.replace("BETWEEN", "bar.sync 0;"))
+
+
+# Warp-instruction counts (launch's counts): lanes below SPLIT branch around two adds.
+ISSUE = """
+mov.u32 %r1, %tid.x;
+setp.lt.u32 %p1, %r1, SPLIT;
+@%p1 bra $SKIP;
+add.u32 %r2, %r1, 1;
+add.u32 %r2, %r2, 1;
+$SKIP:
+ret;
+"""
+
+
+@pytest.mark.parametrize("split,adds", [(32, 2 * 2), (16, 2 * 4), (0, 2 * 4), (64, 0)])
+def test_issued_warp_instructions_are_counted_per_warp_and_path(split, adds):
+    """Two CTAs of two warps: every warp issues the straight-line instructions once; the adds
+    are issued by each warp that has a lane on their path (warp 0 skips them whole at SPLIT
+    32, only half of it at 16); the branch is issued whether taken or not."""
+    counts = {}
+    run(ISSUE.replace("SPLIT", str(split)), [], 4, threads=64, ctas=2, counts=counts)
+    want = {"mov": 4, "setp": 4, "bra": 4, "add": adds, "ret": 4}
+    assert {k: v for k, v in counts.items() if v} == {k: v for k, v in want.items() if v}

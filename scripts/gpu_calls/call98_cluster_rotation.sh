@@ -15,10 +15,11 @@
 #    s42 (4bd7dc8: before call 96's cuts), here with EXL3_JAX_MOE_CLUSTER=1 (call 96's cuts
 #    alone), here (cuts + clusters).
 # Prediction: every section ok. Cuts vs s42 as call 96 said: Qwen3 m = 1 -0.2 to -0.8 us,
-# m = 2 / 4 -0.3 to -1.0, GLM -0.3 to -1.0. Clusters vs cuts: Qwen3 m = 1 -0.8 to -1.5 us
-# (call 94 bounded the repeated rotation at 2.2 us; less two cluster barriers' latency),
-# m = 2 / 4 -1 to -3 (call 94: 3.2 / 5.2 us there); GLM-5.2 TP4 (6 blocks per warp today) -1 to
-# -3. Keep clusters if Qwen3 m = 1 gains >= 0.3 us and no row loses beyond its spread;
+# m = 2 / 4 -0.3 to -1.0, GLM -0.3 to -1.0. Clusters vs cuts: Qwen3 m = 1 -0.4 to -1.0 us
+# (call 94 bounded the whole rotate-in at 2.2 us; the clusters remove FC1's Hadamards and
+# stores but not the row's loads and max, -7.8% of FC1's PTX warp-instructions by
+# scripts/emulated_issue_counts.py, and add two cluster barriers' latency), m = 2 / 4 -0.5 to
+# -2 (call 94: 3.2 / 5.2 us there); GLM-5.2 TP4 (6 blocks per warp today) -0.5 to -2. Keep clusters if Qwen3 m = 1 gains >= 0.3 us and no row loses beyond its spread;
 # then CLUSTER_DEFAULT (ffi/trellis_moe.py) becomes "auto"; else it stays "1" and NOTES say why.
 CALL=call98
 export EXL3_JAX_MOE_CLUSTER=auto
