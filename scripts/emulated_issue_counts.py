@@ -4,7 +4,8 @@ PTX interpreter on the CPU (no GPU): a kernel change's issue work, before any de
     python scripts/emulated_issue_counts.py moe 1,8,128,2048,768 --env EXL3_JAX_MOE_CLUSTER=1,auto
     python scripts/emulated_issue_counts.py linear 4096,14336,1 --K 3 --codebook mul1
 
-``moe T,top_k,E,H,I`` (the decode plan; per-route packing where the plan picks it) or
+``moe T,top_k,E,H,I`` (the decode plan; per-route packing where the plan picks it, or
+``--packing``) or
 ``linear k,n,m`` (the auto plan); ``--env NAME=V1,V2,...`` runs once per value and prints the
 differences. One JSON line per (variant, kernel): grid, warps, warp-instructions issued
 (``issued``), per warp, and the most issued instructions. These are PTX counts: ptxas folds,
@@ -43,7 +44,7 @@ def _layer(args):
         x = jnp.asarray(rng.standard_normal((T, H)), jnp.bfloat16)
         ids = jnp.asarray(np.argsort(rng.random((T, E)), axis=1)[:, :top_k].astype(np.int32))
         w = jnp.asarray(rng.uniform(0.1, 1, (T, top_k)), jnp.float32)
-        plan = moe_plan(T, top_k, E, H, I, kind="decode")
+        plan = moe_plan(T, top_k, E, H, I, kind="decode", packing=args.packing)
         return lambda: jax.block_until_ready(jax.jit(
             lambda x: tm.moe_gpu(x, ids, w, w13, down, plan=plan))(x))
     from exl3_jax.ffi import trellis_gemm as tg
@@ -60,6 +61,10 @@ def main(argv=None) -> int:
     p.add_argument("--K", type=float, default=4)
     p.add_argument("--codebook", default="mcg")
     p.add_argument("--env", default="", help="NAME=V1,V2,...: one run per value")
+    p.add_argument("--packing", choices=["per_route", "sorted"], default=None,
+                   help="moe: force the route packing (default: the plan's; per_route keeps "
+                        "a large layer's per-CTA work with fewer experts, e.g. GLM-5.2 TP4's "
+                        "1,8,16,6144,512, whose 256 experts do not fit this machine)")
     args = p.parse_args(argv)
     if args.K == int(args.K):
         args.K = int(args.K)
