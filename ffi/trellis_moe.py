@@ -191,6 +191,13 @@ class GroupedMmaConfig(MmaTiling):
         """One single-slab config per trellis tensor the kernel reads."""
         return [self.tier_config(i) for i in range(len(self.tiers))] if self.tiers else [self]
 
+    def cluster_fits(self, size: int) -> bool:
+        """Whether clusters of ``size`` CTAs can share this FC1's rotation: rotate_in, 2, 4 or
+        8 CTAs (portable cluster sizes) dividing both the n-tile CTAs (grid x) and the row's
+        128-blocks (each rank rotates whole blocks)."""
+        return (self.rotate_in and size in (2, 4, 8) and self.grid[0] % size == 0
+                and (self.k // 128) % size == 0)
+
     def validate(self) -> "GroupedMmaConfig":
         if self.block_m % 8 or not 8 <= self.block_m <= 64:
             raise ValueError(f"block_m {self.block_m} must be a multiple of 8 in [8, 64]")
@@ -200,9 +207,7 @@ class GroupedMmaConfig(MmaTiling):
             raise ValueError("rotate_in (FC1 of a per-route plan) needs one slab, 2 planes, "
                              "top_k >= 1 dividing the blocks, k a multiple of 128 and "
                              "blocks of 8 rows")
-        if self.cluster != 1 and not (self.rotate_in and self.cluster in (2, 4, 8)
-                                      and self.grid[0] % self.cluster == 0
-                                      and (self.k // 128) % self.cluster == 0):
+        if self.cluster != 1 and not self.cluster_fits(self.cluster):
             raise ValueError(f"cluster {self.cluster}: needs rotate_in and 2, 4 or 8 CTAs "
                              f"dividing both the n-tile CTAs ({self.grid[0]}) and the row's "
                              f"128-blocks ({self.k // 128})")
@@ -955,11 +960,11 @@ def moe_layer(x, kr: KernelRoutes, w13, down, weights, *, glue, cfg1: GroupedMma
 
 def rotation_cluster(cfg: GroupedMmaConfig, spec: str | None = None) -> GroupedMmaConfig:
     """``cfg`` (FC1 with rotate_in) with its rotation cluster: spec (else $EXL3_JAX_MOE_CLUSTER,
-    else CLUSTER_DEFAULT) "auto" takes the largest of 8, 4, 2 CTAs that divides both the
-    n-tile CTAs and the row's 128-blocks (1 where none does), a number that size (checked)."""
+    else CLUSTER_DEFAULT) "auto" takes the largest of 8, 4, 2 CTAs that fits
+    (GroupedMmaConfig.cluster_fits; 1 where none does), a number that size (checked)."""
     spec = (spec if spec is not None else os.environ.get(CLUSTER_ENV, "")) or CLUSTER_DEFAULT
     if spec == "auto":
-        fits = [c for c in (8, 4, 2) if cfg.grid[0] % c == 0 and (cfg.k // 128) % c == 0]
+        fits = [c for c in (8, 4, 2) if cfg.cluster_fits(c)]
         size = fits[0] if fits else 1
     elif spec.isdigit():
         size = int(spec)
